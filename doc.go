@@ -1,0 +1,45 @@
+// Package etcdlock is a distributed lock on etcd: as easy as sync.Mutex, safe
+// where etcd's concurrency.Mutex is not, and fast under contention.
+//
+// A Session holds one etcd lease and keeps it alive; any number of Mutex
+// handles share it. A Mutex is a sync.Locker, reentrant per goroutine with
+// hold counts, with TryLock for paths that must not block, TryLockFor for a
+// bounded wait, and context methods that leave no key behind when they fail
+// or are cancelled:
+//
+//	s, err := etcdlock.NewSession(client, etcdlock.WithTTL(10*time.Second))
+//	if err != nil {
+//		return err
+//	}
+//	defer s.Close()
+//	m := etcdlock.NewMutex(s, "jobs/nightly")
+//	if err := m.LockContext(ctx); err != nil {
+//		return err
+//	}
+//	defer m.UnlockContext(context.WithoutCancel(ctx))
+//
+// # Compatibility
+//
+// A Mutex uses the keys of etcd's concurrency.Mutex and of etcdctl lock: the
+// name "jobs/nightly" is the prefix "jobs/nightly/" and the key
+// "jobs/nightly/<lease ID in hex>"; the owner is the oldest key. The three
+// exclude each other on the same name. Unlike them, a Mutex ignores keys
+// nested deeper under its prefix, so the lock "a/b" does not block "a".
+//
+// # What a lease-based lock cannot promise
+//
+// etcd guarantees that at most one key is the oldest at any revision. It
+// cannot stop a holder that was paused (GC, swap, a stopped VM) or cut off
+// for longer than the lease TTL from acting as if it still held the lock
+// while another process has taken it. A Mutex alone therefore protects only
+// what is checked against etcd itself. For everything else:
+//
+//   - Token returns a fencing token, the create revision of the owner key,
+//     which strictly increases from one owner to the next. Pass it along with
+//     every write and let the resource reject tokens lower than the highest it
+//     has seen.
+//   - IsOwner returns a comparison that makes an etcd Txn fail once the hold
+//     has ended or been lost.
+//   - Done returns a channel that closes when the hold is lost, or is about to
+//     be because keep-alives stopped: stop working when it closes.
+package etcdlock

@@ -1,0 +1,289 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+const (
+	// DefaultTTL is the lease TTL of a Session made without WithTTL.
+	DefaultTTL = 60 * time.Second
+
+	// setupTimeout bounds NewSession's RPCs when its context has no earlier deadline.
+	setupTimeout = 5 * time.Second
+	// revokeTimeout bounds the revoke in Close, so Close returns within 5 s
+	// even when etcd is unreachable.
+	revokeTimeout = 3 * time.Second
+)
+
+// A Session is one etcd lease, kept alive in the background, shared by every
+// Mutex made with it. When the process dies the lease expires and etcd
+// deletes every key attached to it, so a crashed holder never blocks others
+// for longer than the TTL.
+//
+// A Session is safe for use by many goroutines. Close it when done; a Session
+// that is not closed keeps its lease alive until its client is closed.
+type Session struct {
+	client *clientv3.Client
+	cs     *concurrency.Session
+	ttl    time.Duration
+
+	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
+	lastAck atomic.Int64
+
+	mu      sync.Mutex
+	locks   map[string]*lockState // one record per lock name, shared by all handles
+	closing bool                  // no new background work once set
+	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
+
+	stopRevoke func() bool   // stops the WithContext revoke, if any
+	revoked    chan struct{} // closed when the WithContext revoke has finished
+	closeOnce  sync.Once
+	closeErr   error
+}
+
+// A SessionOption configures NewSession.
+type SessionOption interface {
+	apply(*sessionOptions)
+}
+
+type sessionOptions struct {
+	ttl   time.Duration
+	lease clientv3.LeaseID
+	ctx   context.Context
+	err   error
+}
+
+type sessionOptionFunc func(*sessionOptions)
+
+func (f sessionOptionFunc) apply(o *sessionOptions) { f(o) }
+
+func (o *sessionOptions) invalid(format string, args ...any) {
+	if o.err == nil {
+		o.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+	}
+}
+
+// WithTTL sets the lease TTL, rounded up to whole seconds. The default is
+// DefaultTTL (60 s). etcd may raise a TTL below its minimum (1.5 × the
+// election timeout). A ttl <= 0 makes NewSession return ErrInvalidArgument.
+//
+// The TTL bounds how long the lock stays taken after this process dies or is
+// cut off, and how long a holder keeps believing it holds a lock it has lost.
+func WithTTL(ttl time.Duration) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) {
+		if ttl <= 0 {
+			o.invalid("TTL must be positive, got %v", ttl)
+			return
+		}
+		o.ttl = ttl
+	})
+}
+
+// WithLease makes the Session adopt an existing lease instead of granting a
+// new one, for example to take back, after a restart, a lock whose key is
+// still attached to that lease. NewSession fails with ErrSessionExpired if
+// the lease no longer exists. Two live Sessions on one lease are one holder
+// to etcd: do not share a lease between processes.
+func WithLease(id clientv3.LeaseID) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) {
+		if id <= 0 {
+			o.invalid("lease ID must be positive, got %d", id)
+			return
+		}
+		o.lease = id
+	})
+}
+
+// WithContext ties the Session to ctx: NewSession's RPCs use it, and
+// cancelling it ends the Session as Close does, revoking the lease (on a
+// detached, bounded context) so that its locks are released at once. The
+// default is a Session that lives until Close or until its lease is lost.
+func WithContext(ctx context.Context) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) {
+		if ctx == nil {
+			o.invalid("nil context")
+			return
+		}
+		o.ctx = ctx
+	})
+}
+
+// NewSession grants a lease on client (or adopts one, WithLease) and keeps
+// it alive in the background. It returns an error, and leaves no lease
+// behind, if client is nil, an option is invalid, or etcd does not answer
+// within 5 s (or the WithContext context's deadline, if earlier).
+func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
+	}
+	o := sessionOptions{ttl: DefaultTTL, ctx: context.Background()}
+	for _, opt := range opts {
+		if opt == nil {
+			o.invalid("nil SessionOption")
+			continue
+		}
+		opt.apply(&o)
+	}
+	if o.err != nil {
+		return nil, o.err
+	}
+	if err := o.ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithTimeout(o.ctx, setupTimeout)
+	defer cancel()
+	id, ttl, granted, err := lease(ctx, client, o)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := concurrency.NewSession(client,
+		concurrency.WithLease(id), concurrency.WithTTL(int(ttl)), concurrency.WithContext(o.ctx))
+	if err == nil {
+		// A second keep-alive channel on the same lease: it costs no extra
+		// RPC and tells us when each acknowledgement arrives, which
+		// concurrency.Session keeps to itself.
+		var acks <-chan *clientv3.LeaseKeepAliveResponse
+		acks, err = client.KeepAlive(cs.Ctx(), id)
+		if err == nil {
+			s := &Session{
+				client:  client,
+				cs:      cs,
+				ttl:     time.Duration(ttl) * time.Second,
+				locks:   make(map[string]*lockState),
+				revoked: make(chan struct{}),
+			}
+			s.lastAck.Store(time.Now().UnixNano())
+			s.bg.Go(func() {
+				for range acks {
+					s.lastAck.Store(time.Now().UnixNano())
+				}
+			})
+			if o.ctx.Done() != nil {
+				s.stopRevoke = context.AfterFunc(o.ctx, func() {
+					defer close(s.revoked)
+					s.cs.Orphan()
+					s.revoke(context.WithoutCancel(o.ctx))
+				})
+			}
+			return s, nil
+		}
+		cs.Orphan()
+	}
+	if granted {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(o.ctx), revokeTimeout)
+		defer rcancel()
+		_, _ = client.Revoke(rctx, id)
+	}
+	if err == nil {
+		err = o.ctx.Err()
+	}
+	return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
+}
+
+// lease grants a new lease, or checks that the adopted one exists, and
+// returns its ID and TTL in seconds.
+func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id clientv3.LeaseID, ttl int64, granted bool, err error) {
+	if o.lease == clientv3.NoLease {
+		secs := int64((o.ttl + time.Second - 1) / time.Second)
+		resp, err := client.Grant(ctx, secs)
+		if err != nil {
+			return 0, 0, false, fmt.Errorf("etcdlock: grant lease: %w", err)
+		}
+		return resp.ID, resp.TTL, true, nil
+	}
+	resp, err := client.TimeToLive(ctx, o.lease)
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound) || err == nil && resp.TTL <= 0:
+		return 0, 0, false, fmt.Errorf("%w: lease %x not found", ErrSessionExpired, o.lease)
+	case err != nil:
+		return 0, 0, false, fmt.Errorf("etcdlock: look up lease %x: %w", o.lease, err)
+	}
+	return o.lease, resp.GrantedTTL, false, nil
+}
+
+// Close ends the Session: it stops the keep-alive, revokes the lease (which
+// deletes the keys of every lock held or awaited with this Session) and
+// waits for the Session's background work to stop. It returns within 5 s
+// even when etcd is unreachable; the lease then expires on its own within
+// the TTL. Close returns nil if the lease was already gone. It is safe to
+// call more than once; later calls return the first call's result.
+//
+// After Close, every lock call on the Session returns ErrSessionExpired.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closing = true
+		s.mu.Unlock()
+		s.cs.Orphan()
+		if s.stopRevoke != nil && !s.stopRevoke() {
+			<-s.revoked
+		}
+		s.closeErr = s.revoke(context.Background())
+		s.bg.Wait()
+	})
+	return s.closeErr
+}
+
+func (s *Session) revoke(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, revokeTimeout)
+	defer cancel()
+	_, err := s.client.Revoke(ctx, s.cs.Lease())
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("etcdlock: revoke lease %x: %w", s.cs.Lease(), err)
+	}
+	return nil
+}
+
+// Done returns a channel that is closed when the Session ends: its lease was
+// revoked or expired, keep-alives stopped being acknowledged for a whole TTL,
+// Close was called, or the WithContext context was cancelled. A revoke by
+// anyone is seen within about TTL/3 + 1 s, at the next keep-alive.
+//
+// Done is no early warning: when it closes because etcd went quiet, the
+// server may already have expired the lease. Mutex.Done warns earlier.
+func (s *Session) Done() <-chan struct{} { return s.cs.Done() }
+
+// Lease returns the ID of the Session's lease. Every lock key taken with the
+// Session is attached to it.
+func (s *Session) Lease() clientv3.LeaseID { return s.cs.Lease() }
+
+// Client returns the client the Session was made with.
+func (s *Session) Client() *clientv3.Client { return s.client }
+
+// TTL returns the lease TTL that etcd granted, in whole seconds.
+func (s *Session) TTL() time.Duration { return s.ttl }
+
+// expired reports whether the Session has ended. The Session's context is
+// cancelled as Done closes, on either side of it.
+func (s *Session) expired() bool {
+	select {
+	case <-s.cs.Done():
+		return true
+	default:
+		return s.cs.Ctx().Err() != nil
+	}
+}
+
+// goBackground runs f in a goroutine that Close waits for, unless the
+// Session is closing, where it reports false and runs nothing: the revoke
+// that Close makes does f's cleaning anyway. f must return soon after the
+// Session's context, s.cs.Ctx(), is done.
+func (s *Session) goBackground(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.bg.Go(f)
+	return true
+}
