@@ -177,16 +177,15 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
+	if m.s.expired() {
+		return false, ErrSessionExpired
+	}
 	gid := goid.Get()
 	st := m.record()
 	if st.owner == gid {
 		st.holds++
 		st.mu.Unlock()
 		return true, nil
-	}
-	if m.s.expired() {
-		st.mu.Unlock()
-		return false, ErrSessionExpired
 	}
 	if wait == 0 && st.busy {
 		st.mu.Unlock()
