@@ -1,0 +1,304 @@
+package etcdtest
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/types"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/rafthttp"
+)
+
+// leaderWait bounds how long Leader waits for the members to agree.
+const leaderWait = 5 * time.Second
+
+// peerReadTimeout replaces etcd's 5 s read timeout on connections between
+// members. When a request between members completes, net/http aborts its
+// background read by setting a past read deadline, which etcd's timeout
+// connection may overwrite with its own; the connection then lingers until
+// the read timeout. Stopping a member waits for such connections (up to 1 s)
+// and the rest outlive the cluster, which goleak reports, so the timeout must
+// be short. Members in one process exchange heartbeats every 10 ms, far more
+// often than it expires.
+const peerReadTimeout = 250 * time.Millisecond
+
+// The timeout is a process-wide setting of etcd, read when a member starts,
+// hence set before any test runs.
+func init() {
+	rafthttp.ConnReadTimeout = peerReadTimeout
+}
+
+// A Cluster is an etcd cluster of several members running in the test's
+// process, each with its data in a tb.TempDir(), configured like a Server.
+// Members are numbered from 0 and keep their URLs and data across Stop,
+// Kill and Restart.
+//
+// Methods that stop or start members report failures through the tb given to
+// StartCluster, so call them from that test's goroutine. A Cluster is
+// otherwise safe for concurrent use; its methods run one at a time.
+type Cluster struct {
+	tb    testing.TB
+	o     *options
+	certs *certs
+	owned owned
+	once  sync.Once
+
+	mu      sync.Mutex
+	members []*member
+	closed  bool
+}
+
+// StartCluster starts an n-member etcd cluster on 127.0.0.1 and returns once
+// every member is ready, which implies that a leader has been elected. It
+// calls tb.Fatal if a member fails to start or is not ready within 30 s, and
+// registers Close with tb.Cleanup. It panics if n < 1.
+//
+// Ports are picked free before the members start, since every member must
+// know its peers' URLs in advance; if another process takes one meanwhile,
+// StartCluster retries with new ports, at most three times in all.
+func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
+	tb.Helper()
+	if n < 1 {
+		panic(fmt.Sprintf("etcdtest: StartCluster with %d members", n))
+	}
+	c := &Cluster{tb: tb, o: buildOptions(opts)}
+	scheme := "http"
+	if c.o.tls {
+		crt, err := newCerts(tb.TempDir(), c.o.clientCertAuth)
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		c.certs, scheme = crt, "https"
+	}
+	for attempt := 1; ; attempt++ {
+		err := c.startMembers(tb, n, scheme)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 3 {
+			tb.Fatalf("%v", err)
+		}
+	}
+	tb.Cleanup(c.Close)
+	deadline := time.After(readyTimeout)
+	for _, m := range c.members {
+		if err := m.waitReady(deadline); err != nil {
+			tb.Fatalf("%v", err)
+		}
+	}
+	return c
+}
+
+// startMembers starts n new members on fresh ports, or none.
+func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return err
+	}
+	token := rand.Text()
+	members := make([]*member, n)
+	peers := make([]string, n)
+	for i := range members {
+		m := &member{
+			name:      fmt.Sprintf("m%d", i),
+			dir:       tb.TempDir(),
+			clientURL: localURL(scheme, ports[2*i]),
+			peerURL:   localURL("http", ports[2*i+1]),
+			token:     token,
+		}
+		members[i] = m
+		peers[i] = m.name + "=" + m.peerURL.String()
+	}
+	for i, m := range members {
+		m.cluster = strings.Join(peers, ",")
+		if err := m.start(c.o, c.certs); err != nil {
+			for _, started := range members[:i] {
+				started.stop(true)
+			}
+			return err
+		}
+	}
+	c.members = members
+	return nil
+}
+
+// Members returns the number of members, running or not.
+func (c *Cluster) Members() int {
+	return len(c.members)
+}
+
+// Endpoints returns the client URLs of all members in member order, such as
+// http://127.0.0.1:40123 (https under WithTLS), including stopped members.
+// They do not change on Restart.
+func (c *Cluster) Endpoints() []string {
+	eps := make([]string, len(c.members))
+	for i, m := range c.members {
+		eps[i] = m.endpoint
+	}
+	return eps
+}
+
+// TLS returns the client-side TLS files and config, or nil without WithTLS.
+// Each call returns a new copy, free to modify.
+func (c *Cluster) TLS() *TLSFiles {
+	if c.certs == nil {
+		return nil
+	}
+	return c.certs.client.clone()
+}
+
+// Client returns a new client with the endpoints of all members, like
+// Server.Client: closed by tb.Cleanup or by Close, whichever comes first.
+func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	return client(tb, &c.owned, c.Endpoints(), c.o, c.certs)
+}
+
+// ProxiedClient returns a new client whose traffic to each member goes
+// through a TCP proxy of its own, and the Proxy that controls them all. The
+// client and the proxies are closed together, by tb.Cleanup or by Close.
+func (c *Cluster) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
+	tb.Helper()
+	return proxiedClient(tb, &c.owned, c.Endpoints(), c.o, c.certs)
+}
+
+// Leader returns the index of the leader, or -1 if there is none. It waits up
+// to 5 s for the running members to agree on a running leader, as they do
+// shortly after an election, and returns -1 at once when fewer than a quorum
+// of members run. The answer may be stale as soon as it is returned.
+func (c *Cluster) Leader() int {
+	deadline := time.Now().Add(leaderWait)
+	for {
+		c.mu.Lock()
+		i, final := c.leaderLocked()
+		c.mu.Unlock()
+		if i >= 0 || final || time.Now().After(deadline) {
+			return i
+		}
+		time.Sleep(tickMs * time.Millisecond)
+	}
+}
+
+// leaderLocked returns the leader all running members agree on; final is
+// true when there cannot be one.
+func (c *Cluster) leaderLocked() (i int, final bool) {
+	if c.runningLocked() < len(c.members)/2+1 {
+		return -1, true
+	}
+	var lead types.ID
+	for _, m := range c.members {
+		if m.e == nil {
+			continue
+		}
+		l := m.e.Server.Leader()
+		if l == 0 || (lead != 0 && l != lead) {
+			return -1, false
+		}
+		lead = l
+	}
+	for i, m := range c.members {
+		if m.e != nil && m.e.Server.MemberID() == lead {
+			return i, false
+		}
+	}
+	return -1, false
+}
+
+func (c *Cluster) runningLocked() int {
+	n := 0
+	for _, m := range c.members {
+		if m.e != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// member returns member i, or panics.
+func (c *Cluster) member(method string, i int) *member {
+	if i < 0 || i >= len(c.members) {
+		panic(fmt.Sprintf("etcdtest: %s(%d) of a %d-member cluster", method, i, len(c.members)))
+	}
+	return c.members[i]
+}
+
+// Stop stops member i gracefully: a leader hands its leadership to another
+// member first, as etcd does on SIGTERM. Open watch and keep-alive streams on
+// the member end at once with codes.Unavailable, where etcd would wait up to
+// its 5 s request timeout, so clients fail over without delay. Stop does
+// nothing if the member is already stopped, and panics if i is out of range.
+func (c *Cluster) Stop(i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.member("Stop", i).stop(false)
+}
+
+// Kill stops member i abruptly, like a crash: raft stops at once, with no
+// leadership hand-over, and its streams end with codes.Unavailable. Data
+// written before Kill survives in the data directory, since the test process
+// itself goes on (the fsync that etcd skips only matters for a machine
+// crash). Kill does nothing if the member is already stopped, and panics if
+// i is out of range.
+func (c *Cluster) Kill(i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.member("Kill", i).stop(true)
+}
+
+// Restart starts the stopped member i again with its data directory and URLs.
+// When it makes a quorum with the running members, Restart returns once every
+// running member is ready to serve, and calls tb.Fatal if that takes more
+// than 30 s; without a quorum no member can be ready, so it returns as soon
+// as the member has started. Restart panics if i is out of range, if member i
+// runs, or after Close.
+func (c *Cluster) Restart(i int) {
+	c.tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.member("Restart", i)
+	if c.closed {
+		panic(fmt.Sprintf("etcdtest: Restart(%d) after Close", i))
+	}
+	if m.e != nil {
+		panic(fmt.Sprintf("etcdtest: Restart(%d) of a running member", i))
+	}
+	if err := m.start(c.o, c.certs); err != nil {
+		c.tb.Fatalf("%v", err)
+	}
+	if c.runningLocked() < len(c.members)/2+1 {
+		return
+	}
+	deadline := time.After(readyTimeout)
+	for _, m := range c.members {
+		if m.e == nil {
+			continue
+		}
+		if err := m.waitReady(deadline); err != nil {
+			c.tb.Fatalf("%v", err)
+		}
+	}
+}
+
+// Close closes the clients and proxies handed out by c, then stops every
+// member, abruptly since the cluster's data is thrown away. Close is safe to
+// call more than once and concurrently: every call returns once all members
+// have stopped.
+func (c *Cluster) Close() {
+	c.once.Do(func() {
+		c.owned.closeAll()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.closed = true
+		var wg sync.WaitGroup
+		for _, m := range c.members {
+			wg.Go(func() { m.stop(true) })
+		}
+		wg.Wait()
+	})
+}

@@ -1,0 +1,410 @@
+package etcdtest_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock/etcdtest"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// opTimeout bounds operations expected to succeed; it is generous so that
+// slow CI machines and -race do not fail the tests.
+const opTimeout = 10 * time.Second
+
+func put(t *testing.T, c *clientv3.Client, key, val string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if _, err := c.Put(ctx, key, val); err != nil {
+		t.Fatalf("put %q: got %v, want nil", key, err)
+	}
+}
+
+func get(t *testing.T, c *clientv3.Client, key string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	resp, err := c.Get(ctx, key)
+	if err != nil {
+		t.Fatalf("get %q: got %v, want nil", key, err)
+	}
+	if len(resp.Kvs) != 1 {
+		t.Fatalf("get %q: got %d keys, want 1", key, len(resp.Kvs))
+	}
+	return string(resp.Kvs[0].Value)
+}
+
+// getErr returns the error of a Get bounded by d.
+func getErr(t *testing.T, c *clientv3.Client, key string, d time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	_, err := c.Get(ctx, key)
+	return err
+}
+
+// singleClient returns a client of one endpoint only, closed at the end of
+// the test.
+func singleClient(t *testing.T, endpoint string, tlsFiles *etcdtest.TLSFiles) *clientv3.Client {
+	t.Helper()
+	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second}
+	if tlsFiles != nil {
+		cfg.TLS = tlsFiles.Config
+	}
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatalf("new client: got %v, want nil", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestStartPutGet(t *testing.T) {
+	srv := etcdtest.Start(t)
+	eps := srv.Endpoints()
+	if len(eps) != 1 || !strings.HasPrefix(eps[0], "http://127.0.0.1:") {
+		t.Fatalf("endpoints: got %q, want [http://127.0.0.1:PORT]", eps)
+	}
+	if got := srv.TLS(); got != nil {
+		t.Fatalf("TLS without WithTLS: got %+v, want nil", got)
+	}
+	c := srv.Client(t)
+	put(t, c, t.Name(), "v")
+	if got := get(t, c, t.Name()); got != "v" {
+		t.Fatalf("value: got %q, want %q", got, "v")
+	}
+}
+
+func TestClientClosedOnCleanup(t *testing.T) {
+	srv := etcdtest.Start(t)
+	var c *clientv3.Client
+	t.Run("sub", func(t *testing.T) {
+		c = srv.Client(t)
+		put(t, c, t.Name(), "v")
+	})
+	if err := c.Ctx().Err(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("client context after subtest cleanup: got %v, want %v", err, context.Canceled)
+	}
+	// The server outlives the subtest's client.
+	put(t, srv.Client(t), t.Name(), "v")
+}
+
+func TestCloseClosesClients(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := srv.Client(t)
+	pc, _ := srv.ProxiedClient(t)
+	srv.Close()
+	for name, cli := range map[string]*clientv3.Client{"client": c, "proxied client": pc} {
+		if err := cli.Ctx().Err(); !errors.Is(err, context.Canceled) {
+			t.Errorf("%s context after Close: got %v, want %v", name, err, context.Canceled)
+		}
+	}
+}
+
+func TestCloseTwice(t *testing.T) {
+	srv := etcdtest.Start(t)
+	put(t, srv.Client(t), t.Name(), "v")
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(srv.Close)
+	}
+	wg.Wait()
+	srv.Close()
+}
+
+// TestCloseWithOpenStreams closes a server while a client it does not own
+// holds a watch and a lease keep-alive stream open.
+func TestCloseWithOpenStreams(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := singleClient(t, srv.Endpoints()[0], nil)
+	wch := c.Watch(t.Context(), t.Name())
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	lease, err := c.Grant(ctx, 5)
+	if err != nil {
+		t.Fatalf("grant: got %v, want nil", err)
+	}
+	if _, err := c.KeepAlive(t.Context(), lease.ID); err != nil {
+		t.Fatalf("keep-alive: got %v, want nil", err)
+	}
+	put(t, c, t.Name(), "v")
+	if resp := <-wch; len(resp.Events) != 1 {
+		t.Fatalf("watch events: got %d, want 1", len(resp.Events))
+	}
+	srv.Close()
+}
+
+func TestTLS(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.WithTLS())
+	ep := srv.Endpoints()[0]
+	if !strings.HasPrefix(ep, "https://127.0.0.1:") {
+		t.Fatalf("endpoint: got %q, want https://127.0.0.1:PORT", ep)
+	}
+	files := srv.TLS()
+	if files == nil || files.Config == nil {
+		t.Fatalf("TLS: got %+v, want files and a config", files)
+	}
+
+	put(t, srv.Client(t), t.Name(), "v")
+
+	plain := singleClient(t, "http://"+strings.TrimPrefix(ep, "https://"), nil)
+	if err := getErr(t, plain, t.Name(), time.Second); err == nil {
+		t.Fatalf("get over plain http: got nil error, want a failure")
+	}
+
+	// The files alone make a working client, as they would for etcdctl.
+	info := transport.TLSInfo{CertFile: files.CertFile, KeyFile: files.KeyFile, TrustedCAFile: files.CAFile}
+	cfg, err := info.ClientConfig()
+	if err != nil {
+		t.Fatalf("client config from files: got %v, want nil", err)
+	}
+	fromFiles := singleClient(t, ep, &etcdtest.TLSFiles{Config: cfg})
+	if got := get(t, fromFiles, t.Name()); got != "v" {
+		t.Fatalf("value: got %q, want %q", got, "v")
+	}
+}
+
+func TestClientCertAuth(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.WithClientCertAuth())
+	put(t, srv.Client(t), t.Name(), "v")
+
+	noCert := srv.TLS()
+	noCert.Config.Certificates = nil
+	anon := singleClient(t, srv.Endpoints()[0], noCert)
+	if err := getErr(t, anon, t.Name(), time.Second); err == nil {
+		t.Fatalf("get without a client certificate: got nil error, want a failure")
+	}
+
+	if got := get(t, singleClient(t, srv.Endpoints()[0], srv.TLS()), t.Name()); got != "v" {
+		t.Fatalf("value: got %q, want %q", got, "v")
+	}
+}
+
+func TestProxiedClientBlackhole(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c, p := srv.ProxiedClient(t)
+	if got, want := p.Endpoints(), srv.Endpoints(); len(got) != 1 || slices.Equal(got, want) {
+		t.Fatalf("proxy endpoints: got %q, want one endpoint other than %q", got, want)
+	}
+	put(t, c, t.Name(), "v")
+
+	p.Blackhole()
+	if err := getErr(t, c, t.Name(), 300*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("get while blackholed: got %v, want %v", err, context.DeadlineExceeded)
+	}
+	// The proxy holds up this client only.
+	if got := get(t, srv.Client(t), t.Name()); got != "v" {
+		t.Fatalf("value through a direct client: got %q, want %q", got, "v")
+	}
+
+	p.Unblackhole()
+	if got := get(t, c, t.Name()); got != "v" {
+		t.Fatalf("value after Unblackhole: got %q, want %q", got, "v")
+	}
+}
+
+func TestProxiedClientDelay(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c, p := srv.ProxiedClient(t)
+	put(t, c, t.Name(), "v")
+
+	// Each direction waits 500 ms, so a 200 ms deadline cannot be met.
+	p.Delay(500 * time.Millisecond)
+	if err := getErr(t, c, t.Name(), 200*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("get under delay: got %v, want %v", err, context.DeadlineExceeded)
+	}
+	if got := get(t, c, t.Name()); got != "v" {
+		t.Fatalf("value under delay: got %q, want %q", got, "v")
+	}
+
+	p.Undelay()
+	if got := get(t, c, t.Name()); got != "v" {
+		t.Fatalf("value after Undelay: got %q, want %q", got, "v")
+	}
+}
+
+func TestProxiedClientPause(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c, p := srv.ProxiedClient(t)
+	put(t, c, t.Name(), "v")
+
+	p.Pause()
+	if err := getErr(t, c, t.Name(), 300*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("get while paused: got %v, want %v", err, context.DeadlineExceeded)
+	}
+	p.Unpause()
+	if got := get(t, c, t.Name()); got != "v" {
+		t.Fatalf("value after Unpause: got %q, want %q", got, "v")
+	}
+}
+
+func TestProxiedClientTLS(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.WithClientCertAuth())
+	c, p := srv.ProxiedClient(t)
+	if ep := p.Endpoints()[0]; !strings.HasPrefix(ep, "https://127.0.0.1:") {
+		t.Fatalf("proxy endpoint: got %q, want https://127.0.0.1:PORT", ep)
+	}
+	put(t, c, t.Name(), "v")
+	if got := get(t, c, t.Name()); got != "v" {
+		t.Fatalf("value: got %q, want %q", got, "v")
+	}
+}
+
+func TestCluster(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	if got := c.Members(); got != 3 {
+		t.Fatalf("members: got %d, want 3", got)
+	}
+	eps := c.Endpoints()
+	if len(eps) != 3 {
+		t.Fatalf("endpoints: got %q, want 3", eps)
+	}
+
+	put(t, singleClient(t, eps[0], nil), t.Name(), "v")
+	if got := get(t, singleClient(t, eps[1], nil), t.Name()); got != "v" {
+		t.Fatalf("value through another member: got %q, want %q", got, "v")
+	}
+
+	lead := c.Leader()
+	if lead < 0 || lead >= 3 {
+		t.Fatalf("leader: got %d, want 0, 1 or 2", lead)
+	}
+
+	cli := c.Client(t)
+	c.Stop(lead)
+	c.Stop(lead) // a no-op
+	next := c.Leader()
+	if next < 0 || next == lead {
+		t.Fatalf("leader after Stop(%d): got %d, want another member", lead, next)
+	}
+	put(t, cli, t.Name(), "after stop")
+
+	c.Restart(lead)
+	if got := get(t, singleClient(t, eps[lead], nil), t.Name()); got != "after stop" {
+		t.Fatalf("value on the restarted member: got %q, want %q", got, "after stop")
+	}
+
+	victim := (c.Leader() + 1) % 3
+	c.Kill(victim)
+	put(t, cli, t.Name(), "after kill")
+	c.Restart(victim)
+	if got := get(t, singleClient(t, eps[victim], nil), t.Name()); got != "after kill" {
+		t.Fatalf("value on the member restarted after Kill: got %q, want %q", got, "after kill")
+	}
+	if got := c.Leader(); got < 0 {
+		t.Fatalf("leader after restarts: got %d, want a member", got)
+	}
+}
+
+func TestClusterQuorumLoss(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	cli := c.Client(t)
+	put(t, cli, t.Name(), "v")
+
+	c.Kill(0)
+	c.Kill(1)
+	if got := c.Leader(); got != -1 {
+		t.Fatalf("leader without quorum: got %d, want -1", got)
+	}
+	if err := getErr(t, cli, t.Name(), 300*time.Millisecond); err == nil {
+		t.Fatalf("linearizable get without quorum: got nil error, want a failure")
+	}
+
+	c.Restart(0) // restores the quorum: returns once members 0 and 2 serve
+	if got := get(t, cli, t.Name()); got != "v" {
+		t.Fatalf("value after quorum is back: got %q, want %q", got, "v")
+	}
+	c.Restart(1)
+}
+
+// TestClusterWatchSurvivesStop stops the only member a watch can use: the
+// stream ends as it would on a dropped connection, and the watch resumes,
+// without losing events, once the member is back.
+func TestClusterWatchSurvivesStop(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	w := singleClient(t, c.Endpoints()[0], nil)
+	wch := w.Watch(t.Context(), t.Name(), clientv3.WithPrefix())
+	cli := c.Client(t)
+	put(t, cli, t.Name()+"/1", "v")
+	if resp := <-wch; len(resp.Events) != 1 {
+		t.Fatalf("watch events before Stop: got %d, want 1", len(resp.Events))
+	}
+
+	c.Stop(0)
+	put(t, cli, t.Name()+"/2", "v")
+	c.Restart(0)
+
+	select {
+	case resp, ok := <-wch:
+		if !ok || resp.Err() != nil || len(resp.Events) != 1 || string(resp.Events[0].Kv.Key) != t.Name()+"/2" {
+			t.Fatalf("watch after Restart: got %+v (open %v), want the event for %s/2", resp, ok, t.Name())
+		}
+	case <-time.After(opTimeout):
+		t.Fatalf("watch after Restart: got nothing in %v, want the event for %s/2", opTimeout, t.Name())
+	}
+}
+
+func TestClusterProxiedClient(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	cli, p := c.ProxiedClient(t)
+	if got := len(p.Endpoints()); got != 3 {
+		t.Fatalf("proxy endpoints: got %d, want 3", got)
+	}
+	put(t, cli, t.Name(), "v")
+
+	p.Blackhole()
+	if err := getErr(t, cli, t.Name(), 300*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("get while blackholed: got %v, want %v", err, context.DeadlineExceeded)
+	}
+	p.Unblackhole()
+	if got := get(t, cli, t.Name()); got != "v" {
+		t.Fatalf("value after Unblackhole: got %q, want %q", got, "v")
+	}
+}
+
+func TestClusterTLS(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3, etcdtest.WithClientCertAuth())
+	for _, ep := range c.Endpoints() {
+		if !strings.HasPrefix(ep, "https://127.0.0.1:") {
+			t.Fatalf("endpoint: got %q, want https://127.0.0.1:PORT", ep)
+		}
+	}
+	put(t, c.Client(t), t.Name(), "v")
+	if got := get(t, singleClient(t, c.Endpoints()[2], c.TLS()), t.Name()); got != "v" {
+		t.Fatalf("value: got %q, want %q", got, "v")
+	}
+}
+
+func TestClusterCloseTwice(t *testing.T) {
+	c := etcdtest.StartCluster(t, 1)
+	put(t, c.Client(t), t.Name(), "v")
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(c.Close)
+	}
+	wg.Wait()
+	c.Close()
+	c.Stop(0) // a no-op once closed
+}
+
+// BenchmarkStart measures Start until the server is ready; ms/start-median
+// is the median over the iterations.
+func BenchmarkStart(b *testing.B) {
+	var took []time.Duration
+	for b.Loop() {
+		tb := &scopedTB{TB: b}
+		start := time.Now()
+		etcdtest.Start(tb)
+		took = append(took, time.Since(start))
+		tb.cleanup()
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2])/float64(time.Millisecond), "ms/start-median")
+}

@@ -1,0 +1,202 @@
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const (
+	// readyTimeout bounds the wait for a member to serve; it is far above
+	// the usual 25–300 ms so that slow CI machines and -race still pass.
+	readyTimeout = 30 * time.Second
+
+	tickMs     = 10
+	electionMs = 100
+
+	dialTimeout = 5 * time.Second
+)
+
+// member is one embedded etcd and what it needs to start again with the same
+// data directory and URLs.
+type member struct {
+	name      string
+	dir       string
+	clientURL url.URL // port 0 lets the kernel pick; endpoint has the real one
+	peerURL   url.URL
+	cluster   string // initial cluster, "name=peerURL,..."
+	token     string // initial cluster token
+
+	endpoint string             // client URL with the port in use
+	e        *embed.Etcd        // nil while stopped
+	stopping context.CancelFunc // ends the gRPC streams of e
+}
+
+// start starts m and returns without waiting for it to be ready.
+func (m *member) start(o *options, crt *certs) error {
+	cfg := embed.NewConfig()
+	cfg.Name = m.name
+	cfg.Dir = m.dir
+	cfg.ListenClientUrls = []url.URL{m.clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{m.clientURL}
+	cfg.ListenPeerUrls = []url.URL{m.peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
+	cfg.InitialCluster = m.cluster
+	cfg.InitialClusterToken = m.token
+	cfg.UnsafeNoFsync = true
+	cfg.TickMs = tickMs
+	cfg.ElectionMs = electionMs
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(o.logger)
+	// Clients of this package speak gRPC; the HTTP/JSON gateway would only
+	// add a loopback gRPC connection per member.
+	cfg.EnableGRPCGateway = false
+	if crt != nil {
+		cfg.ClientTLSInfo = crt.server
+	}
+	stopping, stop := context.WithCancel(context.Background())
+	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{grpc.ChainStreamInterceptor(endStreams(stopping))}
+
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		stop()
+		return fmt.Errorf("etcdtest: start member %s: %w", m.name, err)
+	}
+	m.e, m.stopping = e, stop
+	m.endpoint = m.clientURL.Scheme + "://" + e.Clients[0].Addr().String()
+	return nil
+}
+
+// waitReady waits until m serves clients, fails, or deadline passes.
+func (m *member) waitReady(deadline <-chan time.Time) error {
+	select {
+	case <-m.e.Server.ReadyNotify():
+		return nil
+	case err := <-m.e.Err():
+		return fmt.Errorf("etcdtest: member %s failed before it was ready: %v", m.name, err)
+	case <-deadline:
+		return fmt.Errorf("etcdtest: member %s not ready after %v", m.name, readyTimeout)
+	}
+}
+
+// stop stops m if it runs. hard skips the leadership hand-over, as a crash
+// would.
+func (m *member) stop(hard bool) {
+	if m.e == nil {
+		return
+	}
+	if hard {
+		m.e.Server.HardStop()
+	}
+	m.stopping()
+	m.e.Close()
+	m.e, m.stopping = nil, nil
+}
+
+var errMemberStopped = status.Error(codes.Unavailable, "etcdtest: member stopped")
+
+// endStreams ends every gRPC stream once stopping is done, with
+// codes.Unavailable like a dropped connection, so that clients fail over.
+// Without it embed.Etcd.Close waits about 5 s for open watch and keep-alive
+// streams before it cuts them.
+func endStreams(stopping context.Context) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, cancel := context.WithCancel(ss.Context())
+		defer cancel()
+		defer context.AfterFunc(stopping, cancel)()
+		err := handler(srv, &serverStream{ServerStream: ss, ctx: ctx})
+		if stopping.Err() != nil {
+			return errMemberStopped
+		}
+		return err
+	}
+}
+
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *serverStream) Context() context.Context { return s.ctx }
+
+// owned closes, before etcd stops, the clients and proxies handed out by a
+// Server or Cluster.
+type owned struct {
+	mu     sync.Mutex
+	closed bool
+	items  []*closer
+}
+
+type closer struct {
+	once sync.Once
+	f    func()
+}
+
+func (c *closer) close() { c.once.Do(c.f) }
+
+// add registers f and returns a func that runs it once; ok is false, and f
+// is not registered, after closeAll.
+func (o *owned) add(f func()) (closeFn func(), ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil, false
+	}
+	c := &closer{f: f}
+	o.items = append(o.items, c)
+	return c.close, true
+}
+
+// closeAll runs every registered func, newest first, and refuses new ones.
+func (o *owned) closeAll() {
+	o.mu.Lock()
+	items := o.items
+	o.items, o.closed = nil, true
+	o.mu.Unlock()
+	for i := len(items) - 1; i >= 0; i-- {
+		items[i].close()
+	}
+}
+
+func newClient(endpoints []string, o *options, crt *certs) (*clientv3.Client, error) {
+	cfg := clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: dialTimeout,
+		Logger:      o.logger,
+	}
+	if crt != nil {
+		cfg.TLS = crt.client.Config.Clone()
+	}
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcdtest: new client: %w", err)
+	}
+	return c, nil
+}
+
+// freePorts returns n distinct TCP ports free on 127.0.0.1 a moment ago.
+// Another process may take one before it is used; callers retry then.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("etcdtest: find a free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func localURL(scheme string, port int) url.URL {
+	return url.URL{Scheme: scheme, Host: fmt.Sprintf("127.0.0.1:%d", port)}
+}

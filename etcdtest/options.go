@@ -1,0 +1,61 @@
+package etcdtest
+
+import "go.uber.org/zap"
+
+// An Option changes how Start and StartCluster configure etcd and the clients
+// they hand out.
+type Option interface {
+	apply(*options)
+}
+
+type options struct {
+	tls            bool
+	clientCertAuth bool
+	logger         *zap.Logger
+}
+
+type optionFunc func(*options)
+
+func (f optionFunc) apply(o *options) { f(o) }
+
+func buildOptions(opts []Option) *options {
+	o := &options{logger: zap.NewNop()}
+	for _, opt := range opts {
+		opt.apply(o)
+	}
+	return o
+}
+
+// WithTLS serves clients over TLS only: client URLs use https, with a
+// self-signed CA, a server certificate for 127.0.0.1 and localhost, and a
+// client certificate, all written to a tb.TempDir(). Clients from Client and
+// ProxiedClient use them; TLS returns the files. Peer traffic between cluster
+// members stays plain http.
+//
+// Default: clients are served over plain http.
+func WithTLS() Option {
+	return optionFunc(func(o *options) { o.tls = true })
+}
+
+// WithClientCertAuth makes etcd require a client certificate signed by the
+// test CA, and implies WithTLS.
+//
+// Default: client certificates are neither required nor checked.
+func WithClientCertAuth() Option {
+	return optionFunc(func(o *options) {
+		o.tls = true
+		o.clientCertAuth = true
+	})
+}
+
+// WithLogger sends the logs of etcd, of its clients and of the fault-injection
+// proxies to l. A nil l keeps the default.
+//
+// Default: zap.NewNop(), nothing is logged.
+func WithLogger(l *zap.Logger) Option {
+	return optionFunc(func(o *options) {
+		if l != nil {
+			o.logger = l
+		}
+	})
+}

@@ -1,0 +1,144 @@
+package etcdtest
+
+import (
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A Server is a single-member etcd running in the test's process, with its
+// data in a tb.TempDir(). It is real etcd (go.etcd.io/etcd/server/v3/embed)
+// with fast timings: a 10 ms heartbeat, a 100 ms election timeout (so the
+// minimum lease TTL is 1 s instead of 2 s) and no fsync, so a crash of the
+// test process loses its data.
+//
+// A Server is safe for concurrent use.
+type Server struct {
+	o     *options
+	certs *certs
+	m     *member
+	owned owned
+	once  sync.Once
+}
+
+// Start starts a single-member etcd on 127.0.0.1 and returns once it is ready
+// to serve clients. It calls tb.Fatal if etcd fails to start or is not ready
+// within 30 s, and registers Close with tb.Cleanup.
+//
+// The client and peer listeners use ports chosen by the kernel; there are no
+// metrics, pprof or HTTP/JSON gateway listeners.
+func Start(tb testing.TB, opts ...Option) *Server {
+	tb.Helper()
+	o := buildOptions(opts)
+	s := &Server{o: o}
+	scheme := "http"
+	if o.tls {
+		crt, err := newCerts(tb.TempDir(), o.clientCertAuth)
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		s.certs, scheme = crt, "https"
+	}
+	peer := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	s.m = &member{
+		name:      "etcdtest",
+		dir:       tb.TempDir(),
+		clientURL: url.URL{Scheme: scheme, Host: "127.0.0.1:0"},
+		peerURL:   peer,
+		cluster:   "etcdtest=" + peer.String(),
+		token:     "etcdtest",
+	}
+	if err := s.m.start(o, s.certs); err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(s.Close)
+	if err := s.m.waitReady(time.After(readyTimeout)); err != nil {
+		tb.Fatalf("%v", err)
+	}
+	return s
+}
+
+// Endpoints returns the client URL of the server, such as
+// http://127.0.0.1:40123, or https under WithTLS. It stays valid, and keeps
+// the same value, until Close.
+func (s *Server) Endpoints() []string {
+	return []string{s.m.endpoint}
+}
+
+// TLS returns the client-side TLS files and config, or nil without WithTLS.
+// Each call returns a new copy, free to modify.
+func (s *Server) TLS() *TLSFiles {
+	if s.certs == nil {
+		return nil
+	}
+	return s.certs.client.clone()
+}
+
+// Client returns a new client of the server, with a 5 s DialTimeout and,
+// under WithTLS, the TLS config of TLS. It is closed by tb.Cleanup, or by
+// Close if that comes first; closing it earlier is fine. Client calls
+// tb.Fatal after Close.
+func (s *Server) Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	return client(tb, &s.owned, s.Endpoints(), s.o, s.certs)
+}
+
+// ProxiedClient returns a new client, like Client, whose traffic goes through
+// a TCP proxy, and the Proxy that injects faults into it. The client and the
+// proxy are closed together, by tb.Cleanup or by Close.
+func (s *Server) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
+	tb.Helper()
+	return proxiedClient(tb, &s.owned, s.Endpoints(), s.o, s.certs)
+}
+
+// Close closes the clients and proxies handed out by s, then stops etcd. Its
+// data directory is removed when the test ends. Close is safe to call more
+// than once and concurrently: every call returns once etcd has stopped.
+func (s *Server) Close() {
+	s.once.Do(func() {
+		s.owned.closeAll()
+		s.m.stop(false)
+	})
+}
+
+func client(tb testing.TB, own *owned, endpoints []string, o *options, crt *certs) *clientv3.Client {
+	tb.Helper()
+	c, err := newClient(endpoints, o, crt)
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	closeFn, ok := own.add(func() { c.Close() })
+	if !ok {
+		c.Close()
+		tb.Fatalf("etcdtest: Client called after Close")
+	}
+	tb.Cleanup(closeFn)
+	return c
+}
+
+func proxiedClient(tb testing.TB, own *owned, endpoints []string, o *options, crt *certs) (*clientv3.Client, *Proxy) {
+	tb.Helper()
+	p, err := newProxy(endpoints, o.logger)
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	c, err := newClient(p.Endpoints(), o, crt)
+	if err != nil {
+		p.close()
+		tb.Fatalf("%v", err)
+	}
+	closeFn, ok := own.add(func() {
+		c.Close()
+		p.close()
+	})
+	if !ok {
+		c.Close()
+		p.close()
+		tb.Fatalf("etcdtest: ProxiedClient called after Close")
+	}
+	tb.Cleanup(closeFn)
+	return c, p
+}
