@@ -166,11 +166,12 @@ func (o *owned) closeAll() {
 	}
 }
 
-func newClient(endpoints []string, o *options, crt *certs) (*clientv3.Client, error) {
+func newClient(endpoints []string, o *options, crt *certs, dopts ...grpc.DialOption) (*clientv3.Client, error) {
 	cfg := clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: dialTimeout,
 		Logger:      o.logger,
+		DialOptions: dopts,
 	}
 	if crt != nil {
 		cfg.TLS = crt.client.Config.Clone()

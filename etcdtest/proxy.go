@@ -1,7 +1,9 @@
 package etcdtest
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"sync"
 	"time"
@@ -14,22 +16,24 @@ import (
 // etcd: it controls one TCP proxy per member, and every method applies to all
 // of them, both directions, for connections already open and new ones.
 //
-// The proxies forward bytes and know nothing of gRPC or TLS: dropping bytes
-// in the middle of a connection breaks it, and the client has to reconnect
-// once the fault is lifted; clientv3 does so on its own. A Proxy lives as
-// long as its client and closes with it. Its methods are safe for concurrent
-// use and do nothing once the client is closed.
+// The proxies forward bytes and know nothing of gRPC or TLS. A Proxy lives
+// as long as its client and closes with it. Its methods are safe for
+// concurrent use and do nothing once the client is closed.
 type Proxy struct {
 	servers   []proxy.Server
 	endpoints []string
 	wg        sync.WaitGroup // error drains
+
+	mu         sync.Mutex
+	conns      map[*proxyConn]struct{} // the client's open connections
+	blackholed bool
 }
 
 // newProxy starts one proxy in front of each target, a client URL such as
 // http://127.0.0.1:2379. The proxies listen on free ports of every interface
 // (the proxy package binds ":port") and their URLs keep the targets' scheme.
 func newProxy(targets []string, lg *zap.Logger) (*Proxy, error) {
-	p := &Proxy{}
+	p := &Proxy{conns: make(map[*proxyConn]struct{})}
 	for _, target := range targets {
 		to, err := url.Parse(target)
 		if err != nil {
@@ -97,6 +101,33 @@ func (p *Proxy) close() {
 	p.wg.Wait()
 }
 
+// dial connects the client to one of the proxies and keeps track of the
+// connection for Unblackhole.
+func (p *Proxy) dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	pc := &proxyConn{Conn: c, p: p}
+	p.mu.Lock()
+	p.conns[pc] = struct{}{}
+	p.mu.Unlock()
+	return pc, nil
+}
+
+type proxyConn struct {
+	net.Conn
+	p *Proxy
+}
+
+func (c *proxyConn) Close() error {
+	c.p.mu.Lock()
+	delete(c.p.conns, c)
+	c.p.mu.Unlock()
+	return c.Conn.Close()
+}
+
 // Endpoints returns the proxies' client URLs, one per member in member order,
 // such as http://127.0.0.1:40123 (https under WithTLS).
 func (p *Proxy) Endpoints() []string {
@@ -107,17 +138,39 @@ func (p *Proxy) Endpoints() []string {
 // open and new ones are accepted, so requests hang until their deadline
 // rather than fail fast.
 func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackholed = true
 	for _, srv := range p.servers {
 		srv.BlackholeTx()
 		srv.BlackholeRx()
 	}
 }
 
-// Unblackhole forwards traffic again. Bytes dropped meanwhile are lost.
+// Unblackhole forwards traffic again. Bytes dropped in the middle of a
+// connection leave it broken, so Unblackhole also closes the client's
+// connections that were open during the blackhole, as keep-alives would after
+// a real partition; the client reconnects on its own, after gRPC's reconnect
+// backoff (usually about a second). Unblackhole does nothing without
+// Blackhole.
 func (p *Proxy) Unblackhole() {
+	p.mu.Lock()
+	if !p.blackholed {
+		p.mu.Unlock()
+		return
+	}
+	p.blackholed = false
 	for _, srv := range p.servers {
 		srv.UnblackholeTx()
 		srv.UnblackholeRx()
+	}
+	broken := make([]*proxyConn, 0, len(p.conns))
+	for c := range p.conns {
+		broken = append(broken, c)
+	}
+	p.mu.Unlock()
+	for _, c := range broken {
+		c.Close()
 	}
 }
 

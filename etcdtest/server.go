@@ -7,6 +7,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // A Server is a single-member etcd running in the test's process, with its
@@ -125,7 +126,7 @@ func proxiedClient(tb testing.TB, own *owned, endpoints []string, o *options, cr
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
-	c, err := newClient(p.Endpoints(), o, crt)
+	c, err := newClient(p.Endpoints(), o, crt, grpc.WithContextDialer(p.dial))
 	if err != nil {
 		p.close()
 		tb.Fatalf("%v", err)
