@@ -198,6 +198,12 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 		return m.failed(ctx, opCtx, err)
 	}
 	rev, dirty, err := m.lockEtcd(opCtx, wait == 0)
+	for errors.Is(err, errKeyGone) && opCtx.Err() == nil && !m.s.expired() {
+		// Our key was deleted while we waited, by hand or by a revoke that
+		// the keep-alive has not seen yet: queue again. A revoked lease
+		// fails the put with ErrLeaseNotFound.
+		rev, dirty, err = m.lockEtcd(opCtx, wait == 0)
+	}
 	if err != nil {
 		m.abort(ctx, st, dirty, rev)
 		return m.failed(ctx, opCtx, err)
