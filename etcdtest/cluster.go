@@ -41,7 +41,8 @@ func init() {
 //
 // Methods that stop or start members report failures through the tb given to
 // StartCluster, so call them from that test's goroutine. A Cluster is
-// otherwise safe for concurrent use; its methods run one at a time.
+// otherwise safe for concurrent use; Leader, Stop, Kill, Restart and Close
+// run one at a time.
 type Cluster struct {
 	tb    testing.TB
 	o     *options
@@ -60,8 +61,9 @@ type Cluster struct {
 // registers Close with tb.Cleanup. It panics if n < 1.
 //
 // Ports are picked free before the members start, since every member must
-// know its peers' URLs in advance; if another process takes one meanwhile,
-// StartCluster retries with new ports, at most three times in all.
+// know its peers' URLs in advance, and stay taken while a member is stopped.
+// If another socket takes one in the moment between, StartCluster retries
+// with new ports, at most three times in all, and Restart fails the test.
 func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 	tb.Helper()
 	if n < 1 {
@@ -97,30 +99,38 @@ func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 
 // startMembers starts n new members on fresh ports, or none.
 func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
-	ports, err := freePorts(2 * n)
-	if err != nil {
-		return err
-	}
 	token := rand.Text()
-	members := make([]*member, n)
-	peers := make([]string, n)
-	for i := range members {
-		m := &member{
+	members := make([]*member, 0, n)
+	abort := func() {
+		for _, m := range members {
+			m.stop(true, false)
+			m.release()
+		}
+	}
+	for i := range n {
+		hold, err := holdFreePorts(2)
+		if err != nil {
+			abort()
+			return err
+		}
+		ports := hold.ports()
+		members = append(members, &member{
 			name:      fmt.Sprintf("m%d", i),
 			dir:       tb.TempDir(),
-			clientURL: localURL(scheme, ports[2*i]),
-			peerURL:   localURL("http", ports[2*i+1]),
+			clientURL: localURL(scheme, ports[0]),
+			peerURL:   localURL("http", ports[1]),
 			token:     token,
-		}
-		members[i] = m
+			hold:      hold,
+		})
+	}
+	peers := make([]string, n)
+	for i, m := range members {
 		peers[i] = m.name + "=" + m.peerURL.String()
 	}
-	for i, m := range members {
+	for _, m := range members {
 		m.cluster = strings.Join(peers, ",")
 		if err := m.start(c.o, c.certs); err != nil {
-			for _, started := range members[:i] {
-				started.stop(true)
-			}
+			abort()
 			return err
 		}
 	}
@@ -231,16 +241,21 @@ func (c *Cluster) member(method string, i int) *member {
 // Stop stops member i gracefully: a leader hands its leadership to another
 // member first, as etcd does on SIGTERM. Open watch and keep-alive streams on
 // the member end at once with codes.Unavailable, where etcd would wait up to
-// its 5 s request timeout, so clients fail over without delay. Stop does
-// nothing if the member is already stopped, and panics if i is out of range.
+// its 5 s request timeout, so clients fail over without delay. A request that
+// reaches the member as it stops fails with codes.Unavailable too; clientv3
+// retries reads on another member, not writes.
+//
+// While the member is stopped its ports stay taken, and connections to them
+// are reset at once, much like refused ones. Stop does nothing if the member
+// is already stopped, and panics if i is out of range.
 func (c *Cluster) Stop(i int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.member("Stop", i).stop(false)
+	c.member("Stop", i).stop(false, true)
 }
 
 // Kill stops member i abruptly, like a crash: raft stops at once, with no
-// leadership hand-over, and its streams end with codes.Unavailable. Data
+// leadership hand-over; streams and requests fail as with Stop. Data
 // written before Kill survives in the data directory, since the test process
 // itself goes on (the fsync that etcd skips only matters for a machine
 // crash). Kill does nothing if the member is already stopped, and panics if
@@ -248,7 +263,7 @@ func (c *Cluster) Stop(i int) {
 func (c *Cluster) Kill(i int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.member("Kill", i).stop(true)
+	c.member("Kill", i).stop(true, true)
 }
 
 // Restart starts the stopped member i again with its data directory and URLs.
@@ -297,7 +312,10 @@ func (c *Cluster) Close() {
 		c.closed = true
 		var wg sync.WaitGroup
 		for _, m := range c.members {
-			wg.Go(func() { m.stop(true) })
+			wg.Go(func() {
+				m.stop(true, false)
+				m.release()
+			})
 		}
 		wg.Wait()
 	})

@@ -27,6 +27,27 @@ func put(t *testing.T, c *clientv3.Client, key, val string) {
 	}
 }
 
+// putRetry puts like a caller that retries failed writes, as callers must
+// right after a member stops: a client that has not yet noticed may still send
+// the request to it, and clientv3 does not retry a write that may have been
+// sent.
+func putRetry(t *testing.T, c *clientv3.Client, key, val string) {
+	t.Helper()
+	deadline := time.Now().Add(opTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+		_, err := c.Put(ctx, key, val)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("put %q: got %v, want nil", key, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func get(t *testing.T, c *clientv3.Client, key string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
@@ -284,7 +305,7 @@ func TestCluster(t *testing.T) {
 	if next < 0 || next == lead {
 		t.Fatalf("leader after Stop(%d): got %d, want another member", lead, next)
 	}
-	put(t, cli, t.Name(), "after stop")
+	putRetry(t, cli, t.Name(), "after stop")
 
 	c.Restart(lead)
 	if got := get(t, singleClient(t, eps[lead], nil), t.Name()); got != "after stop" {
@@ -293,7 +314,7 @@ func TestCluster(t *testing.T) {
 
 	victim := (c.Leader() + 1) % 3
 	c.Kill(victim)
-	put(t, cli, t.Name(), "after kill")
+	putRetry(t, cli, t.Name(), "after kill")
 	c.Restart(victim)
 	if got := get(t, singleClient(t, eps[victim], nil), t.Name()); got != "after kill" {
 		t.Fatalf("value on the member restarted after Kill: got %q, want %q", got, "after kill")
@@ -338,7 +359,7 @@ func TestClusterWatchSurvivesStop(t *testing.T) {
 	}
 
 	c.Stop(0)
-	put(t, cli, t.Name()+"/2", "v")
+	putRetry(t, cli, t.Name()+"/2", "v")
 	c.Restart(0)
 
 	select {

@@ -14,7 +14,7 @@ import (
 // that runs the cleanups when the example returns.
 
 func ExampleStart() {
-	t := &scopedTB{}
+	t := &scopedTB{} // in a test, the test's *testing.T
 	defer t.cleanup()
 
 	srv := etcdtest.Start(t)
@@ -35,7 +35,7 @@ func ExampleStart() {
 }
 
 func ExampleWithTLS() {
-	t := &scopedTB{}
+	t := &scopedTB{} // in a test, the test's *testing.T
 	defer t.cleanup()
 
 	srv := etcdtest.Start(t, etcdtest.WithClientCertAuth())
@@ -52,7 +52,7 @@ func ExampleWithTLS() {
 }
 
 func ExampleServer_ProxiedClient() {
-	t := &scopedTB{}
+	t := &scopedTB{} // in a test, the test's *testing.T
 	defer t.cleanup()
 
 	srv := etcdtest.Start(t)
@@ -75,7 +75,7 @@ func ExampleServer_ProxiedClient() {
 }
 
 func ExampleStartCluster() {
-	t := &scopedTB{}
+	t := &scopedTB{} // in a test, the test's *testing.T
 	defer t.cleanup()
 
 	cluster := etcdtest.StartCluster(t, 3)
@@ -86,10 +86,12 @@ func ExampleStartCluster() {
 	next := cluster.Leader()
 	fmt.Println("new leader:", next >= 0 && next != leader)
 
+	// clientv3 retries reads that fail because a member stopped; writes
+	// would need retrying by the caller.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := cli.Put(ctx, "k", "written without the old leader"); err != nil {
-		fmt.Println("put:", err)
+	if _, err := cli.Get(ctx, "k"); err != nil {
+		fmt.Println("get:", err)
 		return
 	}
 	cluster.Restart(leader)

@@ -3,7 +3,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"sync"
 	"time"
@@ -39,6 +38,7 @@ type member struct {
 	endpoint string             // client URL with the port in use
 	e        *embed.Etcd        // nil while stopped
 	stopping context.CancelFunc // ends the gRPC streams of e
+	hold     *portHold          // keeps the ports while e is nil, if not nil
 }
 
 // start starts m and returns without waiting for it to be ready.
@@ -62,6 +62,7 @@ func (m *member) start(o *options, crt *certs) error {
 	if crt != nil {
 		cfg.ClientTLSInfo = crt.server
 	}
+	m.release()
 	stopping, stop := context.WithCancel(context.Background())
 	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{grpc.ChainStreamInterceptor(endStreams(stopping))}
 
@@ -71,7 +72,9 @@ func (m *member) start(o *options, crt *certs) error {
 		return fmt.Errorf("etcdtest: start member %s: %w", m.name, err)
 	}
 	m.e, m.stopping = e, stop
-	m.endpoint = m.clientURL.Scheme + "://" + e.Clients[0].Addr().String()
+	if m.endpoint == "" { // a restart keeps the URL; readers do not lock
+		m.endpoint = m.clientURL.Scheme + "://" + e.Clients[0].Addr().String()
+	}
 	return nil
 }
 
@@ -88,8 +91,8 @@ func (m *member) waitReady(deadline <-chan time.Time) error {
 }
 
 // stop stops m if it runs. hard skips the leadership hand-over, as a crash
-// would.
-func (m *member) stop(hard bool) {
+// would; keepPorts holds m's ports for a restart.
+func (m *member) stop(hard, keepPorts bool) {
 	if m.e == nil {
 		return
 	}
@@ -99,6 +102,19 @@ func (m *member) stop(hard bool) {
 	m.stopping()
 	m.e.Close()
 	m.e, m.stopping = nil, nil
+	if keepPorts {
+		// On failure another socket took a port in the meantime, and
+		// Restart reports it.
+		m.hold, _ = holdPorts(m.clientURL.Host, m.peerURL.Host)
+	}
+}
+
+// release gives up the ports held for m, if any.
+func (m *member) release() {
+	if m.hold != nil {
+		m.hold.release()
+		m.hold = nil
+	}
 }
 
 var errMemberStopped = status.Error(codes.Unavailable, "etcdtest: member stopped")
@@ -181,23 +197,4 @@ func newClient(endpoints []string, o *options, crt *certs, dopts ...grpc.DialOpt
 		return nil, fmt.Errorf("etcdtest: new client: %w", err)
 	}
 	return c, nil
-}
-
-// freePorts returns n distinct TCP ports free on 127.0.0.1 a moment ago.
-// Another process may take one before it is used; callers retry then.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("etcdtest: find a free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-func localURL(scheme string, port int) url.URL {
-	return url.URL{Scheme: scheme, Host: fmt.Sprintf("127.0.0.1:%d", port)}
 }

@@ -16,8 +16,9 @@ import (
 // etcd: it controls one TCP proxy per member, and every method applies to all
 // of them, both directions, for connections already open and new ones.
 //
-// The proxies forward bytes and know nothing of gRPC or TLS. A Proxy lives
-// as long as its client and closes with it. Its methods are safe for
+// The proxies forward bytes and know nothing of gRPC or TLS. They listen on
+// every interface, not only 127.0.0.1, as the proxy package does. A Proxy
+// lives as long as its client and closes with it. Its methods are safe for
 // concurrent use and do nothing once the client is closed.
 type Proxy struct {
 	servers   []proxy.Server
@@ -192,9 +193,9 @@ func (p *Proxy) Undelay() {
 	}
 }
 
-// Pause stops forwarding both ways until Unpause, keeping connections open
-// and the data read meanwhile; nothing is dropped. New connections are still
-// accepted.
+// Pause stops forwarding both ways until Unpause. Connections stay open and
+// nothing is dropped: data sent meanwhile waits in the proxy and in socket
+// buffers. New connections are still accepted.
 func (p *Proxy) Pause() {
 	for _, srv := range p.servers {
 		srv.PauseTx()

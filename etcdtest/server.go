@@ -13,8 +13,8 @@ import (
 // A Server is a single-member etcd running in the test's process, with its
 // data in a tb.TempDir(). It is real etcd (go.etcd.io/etcd/server/v3/embed)
 // with fast timings: a 10 ms heartbeat, a 100 ms election timeout (so the
-// minimum lease TTL is 1 s instead of 2 s) and no fsync, so a crash of the
-// test process loses its data.
+// minimum lease TTL is 1 s instead of 2 s) and no fsync, which only matters
+// if the machine crashes.
 //
 // A Server is safe for concurrent use.
 type Server struct {
@@ -65,6 +65,11 @@ func Start(tb testing.TB, opts ...Option) *Server {
 // Endpoints returns the client URL of the server, such as
 // http://127.0.0.1:40123, or https under WithTLS. It stays valid, and keeps
 // the same value, until Close.
+//
+// etcd itself only knows the URL it was told to listen on, with port 0, and
+// reports that in its member list: do not let a client replace its endpoints
+// with the member list (clientv3.Config.AutoSyncInterval, Client.Sync).
+// Cluster members, whose ports are picked in advance, have no such limit.
 func (s *Server) Endpoints() []string {
 	return []string{s.m.endpoint}
 }
@@ -101,7 +106,7 @@ func (s *Server) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
 func (s *Server) Close() {
 	s.once.Do(func() {
 		s.owned.closeAll()
-		s.m.stop(false)
+		s.m.stop(false, false)
 	})
 }
 
