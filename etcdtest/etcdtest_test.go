@@ -429,3 +429,22 @@ func BenchmarkStart(b *testing.B) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2])/float64(time.Millisecond), "ms/start-median")
 }
+
+func TestNewAndNewClient(t *testing.T) {
+	srv, err := etcdtest.New()
+	if err != nil {
+		t.Fatalf("New: got %v, want nil", err)
+	}
+	cli, err := srv.NewClient()
+	if err != nil {
+		t.Fatalf("NewClient: got %v, want nil", err)
+	}
+	if _, err := cli.Put(t.Context(), "k", "v"); err != nil {
+		t.Fatalf("put: got %v, want nil", err)
+	}
+	srv.Close()
+	srv.Close()
+	if _, err := srv.NewClient(); err == nil {
+		t.Error("NewClient after Close: got nil error, want one")
+	}
+}

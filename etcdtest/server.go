@@ -1,7 +1,11 @@
 package etcdtest
 
 import (
+	"errors"
+	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +27,8 @@ type Server struct {
 	m     *member
 	owned owned
 	once  sync.Once
+
+	removeDir string // removed by Close: the data of a Server from New
 }
 
 // Start starts a single-member etcd on 127.0.0.1 and returns once it is ready
@@ -33,33 +39,68 @@ type Server struct {
 // metrics, pprof or HTTP/JSON gateway listeners.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	o := buildOptions(opts)
+	s, err := start(buildOptions(opts), tb.TempDir(), tb.TempDir())
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// New starts a single-member etcd like Start, for code that has no
+// testing.TB: Example functions, demos, programs' own integration checks. Its
+// data lives in a new directory under os.TempDir(), removed by Close. The
+// caller must call Close; clients from NewClient are closed by it.
+func New(opts ...Option) (*Server, error) {
+	root, err := os.MkdirTemp("", "etcdtest-")
+	if err != nil {
+		return nil, fmt.Errorf("etcdtest: temp dir: %w", err)
+	}
+	certDir, dataDir := filepath.Join(root, "certs"), filepath.Join(root, "data")
+	for _, dir := range []string{certDir, dataDir} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			os.RemoveAll(root)
+			return nil, fmt.Errorf("etcdtest: temp dir: %w", err)
+		}
+	}
+	s, err := start(buildOptions(opts), certDir, dataDir)
+	if err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	s.removeDir = root
+	return s, nil
+}
+
+// start starts a server and waits until it is ready; on failure it leaves
+// nothing running.
+func start(o *options, certDir, dataDir string) (*Server, error) {
 	s := &Server{o: o}
 	scheme := "http"
 	if o.tls {
-		crt, err := newCerts(tb.TempDir(), o.clientCertAuth)
+		crt, err := newCerts(certDir, o.clientCertAuth)
 		if err != nil {
-			tb.Fatalf("%v", err)
+			return nil, err
 		}
 		s.certs, scheme = crt, "https"
 	}
 	peer := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	s.m = &member{
 		name:      "etcdtest",
-		dir:       tb.TempDir(),
+		dir:       dataDir,
 		clientURL: url.URL{Scheme: scheme, Host: "127.0.0.1:0"},
 		peerURL:   peer,
 		cluster:   "etcdtest=" + peer.String(),
 		token:     "etcdtest",
 	}
 	if err := s.m.start(o, s.certs); err != nil {
-		tb.Fatalf("%v", err)
+		return nil, err
 	}
-	tb.Cleanup(s.Close)
 	if err := s.m.waitReady(time.After(readyTimeout)); err != nil {
-		tb.Fatalf("%v", err)
+		s.Close()
+		return nil, err
 	}
-	return s
+	return s, nil
 }
 
 // Endpoints returns the client URL of the server, such as
@@ -107,7 +148,24 @@ func (s *Server) Close() {
 	s.once.Do(func() {
 		s.owned.closeAll()
 		s.m.stop(false, false)
+		if s.removeDir != "" {
+			os.RemoveAll(s.removeDir)
+		}
 	})
+}
+
+// NewClient returns a new client of the server, like Client, for code that
+// has no testing.TB. Close closes it, if the caller has not done so before.
+func (s *Server) NewClient() (*clientv3.Client, error) {
+	c, err := newClient(s.Endpoints(), s.o, s.certs)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := s.owned.add(func() { c.Close() }); !ok {
+		c.Close()
+		return nil, errors.New("etcdtest: NewClient called after Close")
+	}
+	return c, nil
 }
 
 func client(tb testing.TB, own *owned, endpoints []string, o *options, crt *certs) *clientv3.Client {
