@@ -73,9 +73,9 @@ func (r *putRecorder) putsIn(from, to int64) int {
 	return n
 }
 
-// contend makes another session take and release the lock in a loop, until
+// startContender makes another session take and release the lock in a loop, until
 // the returned function is called.
-func contend(t *testing.T, client *clientv3.Client, name string) (stop func()) {
+func startContender(t *testing.T, client *clientv3.Client, name string) (stop func()) {
 	m := etcdlock.NewMutex(newSession(t, client), name)
 	ctx, cancel := context.WithCancel(testContext(t))
 	var wg sync.WaitGroup
@@ -129,7 +129,7 @@ func TestCancelRandom(t *testing.T) {
 		if i >= iterations/2 {
 			phase = 1
 			if i == iterations/2 {
-				stop = contend(t, client, name)
+				stop = startContender(t, client, name)
 			}
 		}
 		d := randomDeadline()
