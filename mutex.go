@@ -194,8 +194,16 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 
 	opCtx, cancel := m.opContext(ctx, wait)
 	defer cancel()
-	if err := st.waitTurn(opCtx); err != nil {
+	held, err := st.waitTurn(opCtx)
+	if err != nil {
 		return m.failed(ctx, opCtx, err)
+	}
+	if held {
+		st.mu.Lock()
+		st.owner, st.holds = gid, 1
+		st.hold = &hold{done: make(chan struct{})}
+		st.mu.Unlock()
+		return true, nil
 	}
 	rev, dirty, err := m.lockEtcd(opCtx, wait == 0)
 	for errors.Is(err, errKeyGone) && opCtx.Err() == nil && !m.s.expired() {
@@ -536,10 +544,15 @@ func (m *Mutex) UnlockContext(ctx context.Context) error {
 		st.mu.Unlock()
 		return nil
 	}
-	rev := st.rev
-	st.owner, st.rev = 0, 0
+	st.owner = 0
 	st.hold.end()
 	st.hold = nil
+	if st.handOff() {
+		st.mu.Unlock()
+		return nil
+	}
+	rev := st.rev
+	st.rev = 0
 	st.mu.Unlock()
 
 	if m.s.expired() {

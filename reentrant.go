@@ -18,19 +18,21 @@ type lockState struct {
 	s    *Session
 	name string
 
-	mu      sync.Mutex
-	retired bool
-	busy    bool      // the turn is taken: by the holder, an acquirer, or a cleanup
-	queue   []*waiter // local goroutines waiting for the turn, oldest first
-	owner   int64     // goroutine id of the holder; 0 when not held
-	holds   int       // the holder's hold count
-	rev     int64     // create revision of our key while held: the fencing token
-	hold    *hold     // the current hold's loss signal; nil when not held
+	mu       sync.Mutex
+	retired  bool
+	busy     bool      // the turn is taken: by the holder, an acquirer, or a cleanup
+	queue    []*waiter // local goroutines waiting for the turn, oldest first
+	owner    int64     // goroutine id of the holder; 0 when not held
+	holds    int       // the holder's hold count
+	rev      int64     // create revision of our key while held: the fencing token
+	hold     *hold     // the current hold's loss signal; nil when not held
+	handoffs int       // local hand-offs in a row since the key was put
 }
 
 type waiter struct {
 	ready   chan struct{} // closed when the turn is handed to this waiter
 	granted bool
+	held    bool // the turn came with the hold (a local hand-off)
 }
 
 // record returns the handle's lock record, creating it if needed, with its
@@ -85,13 +87,15 @@ func (m *Mutex) peek() *lockState {
 
 // waitTurn is called with st.mu held and returns with it released. It
 // returns nil once the calling goroutine has the turn: the right to use
-// etcd for this lock. It returns ctx.Err() if ctx ends first, leaving the
-// queue as it was.
-func (st *lockState) waitTurn(ctx context.Context) error {
+// etcd for this lock. held reports that the turn came with the lock itself,
+// handed off by the previous local holder (WithLocalHandoff), which counts
+// as taken even if ctx ended at the same moment. It returns ctx.Err() if ctx
+// ends first, leaving the queue as it was.
+func (st *lockState) waitTurn(ctx context.Context) (held bool, err error) {
 	if !st.busy {
 		st.busy = true
 		st.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	w := &waiter{ready: make(chan struct{})}
 	st.queue = append(st.queue, w)
@@ -99,19 +103,39 @@ func (st *lockState) waitTurn(ctx context.Context) error {
 
 	select {
 	case <-w.ready:
-		return nil
+		return w.held, nil
 	case <-ctx.Done():
 	}
 	st.mu.Lock()
-	if w.granted {
+	switch {
+	case w.held:
+		st.mu.Unlock()
+		return true, nil
+	case w.granted:
 		// The turn arrived as ctx ended: hand it on.
 		st.mu.Unlock()
 		st.passTurn()
-	} else {
+	default:
 		st.queue = slices.DeleteFunc(st.queue, func(q *waiter) bool { return q == w })
 		st.mu.Unlock()
 	}
-	return ctx.Err()
+	return false, ctx.Err()
+}
+
+// handOff passes the hold itself, with its etcd key and token, to the oldest
+// local waiter, if WithLocalHandoff allows one more in a row. It is called
+// with st.mu held, by the goroutine ending the last hold.
+func (st *lockState) handOff() bool {
+	if len(st.queue) == 0 || st.handoffs >= st.s.maxHandoffs || st.s.expired() {
+		st.handoffs = 0
+		return false
+	}
+	st.handoffs++
+	w := st.queue[0]
+	st.queue = st.queue[1:]
+	w.granted, w.held = true, true
+	close(w.ready)
+	return true
 }
 
 // passTurn hands the turn to the oldest local waiter, or frees it.

@@ -32,9 +32,10 @@ const (
 // A Session is safe for use by many goroutines. Close it when done; a Session
 // that is not closed keeps its lease alive until its client is closed.
 type Session struct {
-	client *clientv3.Client
-	cs     *concurrency.Session
-	ttl    time.Duration
+	client      *clientv3.Client
+	cs          *concurrency.Session
+	ttl         time.Duration
+	maxHandoffs int // WithLocalHandoff
 
 	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
 	lastAck atomic.Int64
@@ -56,10 +57,11 @@ type SessionOption interface {
 }
 
 type sessionOptions struct {
-	ttl   time.Duration
-	lease clientv3.LeaseID
-	ctx   context.Context
-	err   error
+	ttl      time.Duration
+	lease    clientv3.LeaseID
+	ctx      context.Context
+	handoffs int
+	err      error
 }
 
 type sessionOptionFunc func(*sessionOptions)
@@ -117,6 +119,28 @@ func WithContext(ctx context.Context) SessionOption {
 	})
 }
 
+// WithLocalHandoff lets a lock pass straight from one goroutine of this
+// process to the next one waiting for it, without going through etcd, at
+// most n times in a row. The default, 0, is no hand-off: every last unlock
+// deletes the key and every first lock puts one. n < 0 makes NewSession
+// return ErrInvalidArgument.
+//
+// A hand-off keeps the etcd key, and so the fencing token: Token and IsOwner
+// describe the process's hold, which goes on, and a resource fenced on
+// tokens cannot tell the goroutines apart (this process still runs them one
+// at a time). After n hand-offs in a row the next last unlock releases the
+// key, so waiters in other processes are not starved: they get the lock
+// after at most n+1 local holds.
+func WithLocalHandoff(n int) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) {
+		if n < 0 {
+			o.invalid("hand-off count must not be negative, got %d", n)
+			return
+		}
+		o.handoffs = n
+	})
+}
+
 // NewSession grants a lease on client (or adopts one, WithLease) and keeps
 // it alive in the background. It returns an error, and leaves no lease
 // behind, if client is nil, an option is invalid, or etcd does not answer
@@ -156,11 +180,12 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		acks, err = client.KeepAlive(cs.Ctx(), id)
 		if err == nil {
 			s := &Session{
-				client:  client,
-				cs:      cs,
-				ttl:     time.Duration(ttl) * time.Second,
-				locks:   make(map[string]*lockState),
-				revoked: make(chan struct{}),
+				client:      client,
+				cs:          cs,
+				ttl:         time.Duration(ttl) * time.Second,
+				maxHandoffs: o.handoffs,
+				locks:       make(map[string]*lockState),
+				revoked:     make(chan struct{}),
 			}
 			s.lastAck.Store(time.Now().UnixNano())
 			s.bg.Go(func() {
