@@ -45,22 +45,27 @@ type locker interface {
 	Key() string
 }
 
+// ours is an etcdlock.Mutex as a locker.
 type ours struct{ m *etcdlock.Mutex }
+
+func oursOn(s *etcdlock.Session, name string) ours { return ours{etcdlock.NewMutex(s, name)} }
 
 func (l ours) Lock(ctx context.Context) error            { return l.m.LockContext(ctx) }
 func (l ours) TryLock(ctx context.Context) (bool, error) { return l.m.TryLockFor(ctx, 0) }
 func (l ours) Unlock(ctx context.Context) error          { return l.m.UnlockContext(ctx) }
 func (l ours) Key() string                               { return l.m.Key() }
-func oursOn(s *etcdlock.Session, name string) ours       { return ours{etcdlock.NewMutex(s, name)} }
+
+// upstream is a concurrency.Mutex as a locker.
+type upstream struct{ m *concurrency.Mutex }
+
 func upstreamOn(s *concurrency.Session, name string) upstream {
 	return upstream{concurrency.NewMutex(s, name)}
 }
 
-type upstream struct{ m *concurrency.Mutex }
-
 func (l upstream) Lock(ctx context.Context) error   { return l.m.Lock(ctx) }
 func (l upstream) Unlock(ctx context.Context) error { return l.m.Unlock(ctx) }
 func (l upstream) Key() string                      { return l.m.Key() }
+
 func (l upstream) TryLock(ctx context.Context) (bool, error) {
 	err := l.m.TryLock(ctx)
 	if errors.Is(err, concurrency.ErrLocked) {
