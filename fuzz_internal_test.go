@@ -1,0 +1,103 @@
+package etcdlock
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"testing"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+)
+
+// FuzzIsLockKey checks isLockKey, which decides which keys under a lock's
+// prefix take part in the lock (D11), against what it must mean:
+//   - the key name + "/" + lease hex is a key of the lock name;
+//   - a key of a lock nested under name, name/sub, is not;
+//   - a key of the lock name is a key of no other lock;
+//   - in general, key is a key of the lock with prefix pfx exactly when it
+//     is pfx followed by one path segment without "/".
+func FuzzIsLockKey(f *testing.F) {
+	f.Add("jobs/nightly", int64(0x694d7c1a3e7b2b04), "sub", "jobs", []byte("jobs/nightly/694d7c1a3e7b2b04"))
+	f.Add("a", int64(1), "b", "a/b", []byte("a/b/1"))
+	f.Add("", int64(1), "", "/", []byte("/1"))
+	f.Add("/", int64(0x10), "/", "", []byte("//10"))
+	f.Add("a/", int64(math.MaxInt64), "", "a", []byte("a//7fffffffffffffff"))
+	f.Add("a\x00b", int64(-1), "\x00", "a", []byte("a\x00b/\x00/1"))
+	f.Add("日本語/ロック", int64(42), "ü", "日本語", []byte("日本語/ロック/2a"))
+	f.Add("\xff\xfe", int64(0), "\xff", "\xff", []byte("\xff\xfe/"))
+	f.Fuzz(func(t *testing.T, name string, lease int64, sub, other string, key []byte) {
+		id := clientv3.LeaseID(lease & math.MaxInt64)
+		if id == 0 {
+			id = 1
+		}
+		pfx := name + "/"
+		own := fmt.Sprintf("%s%x", pfx, id)
+		if !isLockKey(pfx, []byte(own)) {
+			t.Errorf("isLockKey(%q, %q) = false, want true: our own key", pfx, own)
+		}
+		nested := fmt.Sprintf("%s%s/%x", pfx, sub, id)
+		if isLockKey(pfx, []byte(nested)) {
+			t.Errorf("isLockKey(%q, %q) = true, want false: a key of the nested lock %q", pfx, nested, name+"/"+sub)
+		}
+		if other != name && isLockKey(other+"/", []byte(own)) {
+			t.Errorf("isLockKey(%q, %q) = true, want false: a key of the lock %q", other+"/", own, name)
+		}
+		rest, ok := bytes.CutPrefix(key, []byte(pfx))
+		want := ok && !bytes.Contains(rest, []byte("/"))
+		if got := isLockKey(pfx, key); got != want {
+			t.Errorf("isLockKey(%q, %q) = %v, want %v", pfx, key, got, want)
+		}
+	})
+}
+
+// FuzzAcquired feeds the parser of the acquire Txn's reply arbitrary replies:
+// a malformed one must be an error, never a panic or a hold. A reply it
+// accepts has both results, our key's revision and an owner no newer than
+// our key.
+func FuzzAcquired(f *testing.F) {
+	kv := func(key string, create int64) *mvccpb.KeyValue {
+		return &mvccpb.KeyValue{Key: []byte(key), CreateRevision: create, ModRevision: create}
+	}
+	rangeOp := func(kvs ...*mvccpb.KeyValue) *pb.ResponseOp {
+		return &pb.ResponseOp{Response: &pb.ResponseOp_ResponseRange{ResponseRange: &pb.RangeResponse{Kvs: kvs, Count: int64(len(kvs))}}}
+	}
+	putOp := &pb.ResponseOp{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{}}}
+	for _, resp := range []*pb.TxnResponse{
+		// We put our key and own the lock.
+		{Header: &pb.ResponseHeader{Revision: 10}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv("l/a", 10))}},
+		// We put our key behind an older one.
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv("l/b", 7))}},
+		// Our key was already there (WithLease), behind an older one.
+		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(kv("l/a", 9)), rangeOp(kv("l/b", 5))}},
+		// A header and no results, as seen after a healed partition.
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true},
+		{},
+		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(), rangeOp()}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, {}}},
+	} {
+		data, err := proto.Marshal(resp)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var resp pb.TxnResponse
+		if err := proto.Unmarshal(data, &resp); err != nil {
+			return
+		}
+		rev, owner, err := acquired((*clientv3.TxnResponse)(&resp))
+		if err != nil {
+			return
+		}
+		if resp.Header == nil || len(resp.Responses) != 2 {
+			t.Fatalf("acquired accepted a reply with header %v and %d results, want an error", resp.Header, len(resp.Responses))
+		}
+		if rev <= 0 || owner <= 0 || owner > rev {
+			t.Errorf("acquired(%v) = rev %d, owner %d, nil; want 0 < owner ≤ rev, or an error", &resp, rev, owner)
+		}
+	})
+}
