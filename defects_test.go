@@ -1197,7 +1197,8 @@ func TestD11NestedNames(t *testing.T) {
 }
 
 // D11, the other side: what fixes nesting must not break exclusion between
-// ours, upstream's and the v3lock service (etcdctl lock) on the same name.
+// ours, upstream's (which is what `etcdctl lock` runs) and etcd's v3lock
+// gRPC service on the same name.
 func TestD11SameNameExcludes(t *testing.T) {
 	_, local := startServer(t)
 	child := v3lockServer(t)
@@ -1338,8 +1339,9 @@ func TestD11V3LockServerProcess(t *testing.T) {
 	os.Exit(0)
 }
 
-// v3Lock is a lock through etcd's v3lock gRPC service, which is what
-// `etcdctl lock` uses. Each Lock call gets a lease of its own, revoked when
+// v3Lock is a lock through etcd's v3lock gRPC service, which runs the same
+// algorithm inside the server (`etcdctl lock` runs concurrency.Mutex in the
+// client). Each Lock call gets a lease of its own, revoked when
 // the call fails or the lock is released, so that the server's cleanup of a
 // timed-out call can never remove the key of a later one.
 type v3Lock struct {

@@ -22,7 +22,7 @@ const (
 	replyGrace = 250 * time.Millisecond
 	// abortTimeout bounds the cleanup of a call that returns without the
 	// lock. With replyGrace, LockContext returns within its deadline + 1 s.
-	abortTimeout = 700 * time.Millisecond
+	abortTimeout = 500 * time.Millisecond
 	// unlockTimeout bounds the delete of UnlockContext.
 	unlockTimeout = 3 * time.Second
 	// retryTimeout bounds each background retry of a delete.
