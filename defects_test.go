@@ -14,7 +14,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -1272,7 +1271,7 @@ const v3lockServerEnv = "ETCDLOCK_TEST_V3LOCK_SERVER"
 // outlive the server, which goleak would report in this process.
 func v3lockServer(t *testing.T) *clientv3.Client {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestD11V3LockServerProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), v3lockServerEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -1324,18 +1323,18 @@ func v3lockServer(t *testing.T) *clientv3.Client {
 	return c
 }
 
-// TestD11V3LockServerProcess is the child process of v3lockServer: it runs
-// etcd until its stdin closes.
-func TestD11V3LockServerProcess(t *testing.T) {
-	if os.Getenv(v3lockServerEnv) != "1" {
-		t.Skip("the etcd child process of the v3lock tests")
+// runV3lockServer is the child process of v3lockServer, run from TestMain:
+// it serves etcd until its stdin closes, then exits before goleak looks at
+// the v3lock service's leftover goroutines.
+func runV3lockServer() {
+	srv, err := etcdtest.New()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	srv := etcdtest.Start(t)
 	fmt.Println("endpoint", srv.Endpoints()[0])
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	srv.Close()
-	// Leave before goleak looks at the service's leftover goroutines.
-	_ = os.RemoveAll(filepath.Dir(t.TempDir()))
 	os.Exit(0)
 }
 

@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(v3lockServerEnv) == "1" {
+		runV3lockServer()
+	}
 	goleak.VerifyTestMain(m)
 }
 
