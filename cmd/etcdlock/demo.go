@@ -1,0 +1,520 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+const (
+	demoTTL        = 5 * time.Second        // lease TTL of each worker's session
+	demoTryWait    = 200 * time.Millisecond // the TryLockFor that times out
+	demoLossWait   = 3 * time.Second        // bound on Done() after a revoke
+	demoQueueWait  = 3 * time.Second        // bound on a waiter's key showing up
+	demoSleep      = 5 * time.Millisecond   // between the counter's read and write
+	demoOpTimeout  = 5 * time.Second        // bound on the demo's own etcd reads
+	demoMinWorkers = 4                      // phase 2 needs a holder and three others
+)
+
+const demoAbout = `Runs a short, self-checking demo of the etcdlock package. Several workers,
+each with its own etcd client and session, contend for one lock:
+
+  1. each takes it a few times, locks it again inside (HoldCount 2, no etcd
+     call), and increments a shared counter: read, sleep, write;
+  2. while one holds it, another's TryLock reports busy at once, a third's
+     TryLockFor times out, and a fourth's LockContext is cancelled while it
+     waits, leaving no key behind;
+  3. the holder's lease is revoked: its Done() channel closes and a write
+     guarded by IsOwner() is rejected; the next holder gets a higher token.
+
+It prints a timeline (elapsed ms, worker, event, fencing token), then PASS or
+FAIL for each check: the counter's total, HoldCount, TryLock, TryLockFor, the
+cancelled wait, the loss, tokens strictly increasing, and no key left under
+the lock at the end.
+
+Without --endpoints it runs on an etcd embedded in this process, in a
+temporary directory removed at exit. With --endpoints it uses that etcd,
+under a random prefix etcdlock-demo/<id>/ that it deletes at the end. It
+reads no ETCDCTL_ variable.
+
+Exit statuses: 0 every check passed; 1 a check failed; 64 usage; 69 etcd
+unreachable or refused us.
+`
+
+type demoOptions struct {
+	conn    connFlags
+	workers int
+	rounds  int
+}
+
+func newDemoFlags() (*commandFlags, *demoOptions) {
+	c := newCommandFlags("demo", "[flags]", demoAbout)
+	o := &demoOptions{}
+	c.IntVar(&o.workers, "workers", demoMinWorkers, "`number` of workers, each with its own client and session (4 to 16)")
+	c.IntVar(&o.rounds, "rounds", 2, "`number` of times each worker takes the lock in phase 1 (1 to 100)")
+	c.groups = append(c.groups, flagGroup{title: "Demo flags", names: []string{"workers", "rounds"}})
+	o.conn.register(c, false)
+	return c, o
+}
+
+func demoCommand(args []string, sio stdio) error {
+	fs, o := newDemoFlags()
+	rest, _, err := fs.parse(args)
+	if fs.showHelp(err, sio) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usagef("demo", "unexpected argument %q", rest[0])
+	}
+	if o.workers < demoMinWorkers || o.workers > 16 {
+		return usagef("demo", "--workers must be from %d to 16, got %d", demoMinWorkers, o.workers)
+	}
+	if o.rounds < 1 || o.rounds > 100 {
+		return usagef("demo", "--rounds must be from 1 to 100, got %d", o.rounds)
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	conn := false
+	for _, e := range connEnv {
+		conn = conn || given[e.flag]
+	}
+	if conn && !given["endpoints"] {
+		return usagef("demo", "connection flags need --endpoints; without it the demo runs on an embedded etcd")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	var cfg clientv3.Config
+	var where string
+	if given["endpoints"] {
+		if cfg, err = o.conn.config("demo"); err != nil {
+			return err
+		}
+		where = "etcd at " + endpointList(cfg)
+	} else {
+		em, err := startEmbedded()
+		if err != nil {
+			return withStatus(exitUnavailable, err)
+		}
+		defer em.close()
+		cfg = clientv3.Config{Endpoints: []string{em.endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+		where = fmt.Sprintf("embedded etcd at %s, ready in %d ms", em.endpoint, time.Since(start).Milliseconds())
+	}
+
+	d, err := newDemo(ctx, cfg, o, sio.out, start)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(sio.out, "etcdlock demo: %s\nlock %q: %d workers, each with its own client and session (TTL %v)\n",
+		where, d.name, len(d.workers), demoTTL)
+	failed := d.run(ctx)
+	d.close()
+	if failed > 0 {
+		return withStatus(exitFailed, fmt.Errorf("demo: %d of %d checks failed", failed, len(d.checks)))
+	}
+	fmt.Fprintf(sio.out, "demo: all %d checks passed in %d ms\n", len(d.checks), time.Since(start).Milliseconds())
+	return nil
+}
+
+// demo is one run of the demo.
+type demo struct {
+	out    io.Writer
+	start  time.Time
+	base   string // prefix of every key the demo writes
+	name   string // the lock
+	rounds int
+	cfg    clientv3.Config
+	admin  *clientv3.Client // the operator: reads the keyspace, revokes a lease
+
+	workers []*worker
+
+	// counter is incremented under the lock by a load, a sleep and a store:
+	// only mutual exclusion keeps increments from being lost. It is atomic
+	// so that the race detector, which cannot see the lock's ordering
+	// through etcd, does not flag it.
+	counter atomic.Int64
+
+	mu     sync.Mutex // guards out and the fields below
+	tokens []int64    // fencing tokens, in the order the lock was taken
+	holds  []int      // HoldCount inside each nested section
+	errs   []error    // unexpected errors
+	checks []checkResult
+}
+
+type worker struct {
+	id  string
+	cli *clientv3.Client
+	s   *etcdlock.Session
+	m   *etcdlock.Mutex
+}
+
+type checkResult struct {
+	ok  bool
+	msg string
+}
+
+func newDemo(ctx context.Context, cfg clientv3.Config, o *demoOptions, out io.Writer, start time.Time) (*demo, error) {
+	base := fmt.Sprintf("etcdlock-demo/%08x", rand.Uint32())
+	d := &demo{out: out, start: start, base: base, name: base + "/lock", rounds: o.rounds, cfg: cfg}
+	admin, err := connect(ctx, cfg, base)
+	if err != nil {
+		return nil, err
+	}
+	d.admin = admin
+	for i := range o.workers {
+		w := &worker{id: fmt.Sprintf("w%d", i+1)}
+		w.cli, err = clientv3.New(cfg)
+		if err == nil {
+			w.s, err = etcdlock.NewSession(w.cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(ctx))
+			if err != nil {
+				w.cli.Close()
+			}
+		}
+		if err != nil {
+			d.close()
+			return nil, unavailable(cfg, err)
+		}
+		w.m = etcdlock.NewMutex(w.s, d.name)
+		d.workers = append(d.workers, w)
+	}
+	return d, nil
+}
+
+// run runs the three phases and the final checks, prints the results and
+// returns the number of failed checks.
+func (d *demo) run(ctx context.Context) int {
+	fmt.Fprintf(d.out, "\n%6s  %-6s %-64s %s\n", "ms", "who", "event", "token")
+	d.contend(ctx)
+	if ctx.Err() == nil {
+		d.nonBlocking(ctx)
+	}
+	if ctx.Err() == nil {
+		d.loss(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		d.fail("demo", err)
+	}
+
+	d.mu.Lock()
+	tokens := slices.Clone(d.tokens)
+	d.mu.Unlock()
+	d.check(len(tokens) > 1 && increasing(tokens), "fencing tokens strictly increase across all %d holds: %s", len(tokens), joinInts(tokens))
+	keys, err := d.lockKeys(ctx)
+	if err != nil {
+		d.fail("admin", err)
+	}
+	d.check(err == nil && len(keys) == 0, "no key left under %q at the end (%d found)", d.name+"/", len(keys))
+	d.mu.Lock()
+	nerrs := len(d.errs)
+	d.mu.Unlock()
+	d.check(nerrs == 0, "no unexpected errors (%d)", nerrs)
+
+	fmt.Fprintln(d.out)
+	failed := 0
+	for _, c := range d.checks {
+		word := "PASS"
+		if !c.ok {
+			word = "FAIL"
+			failed++
+		}
+		fmt.Fprintf(d.out, "%s  %s\n", word, c.msg)
+	}
+	return failed
+}
+
+// contend is phase 1: every worker takes the lock d.rounds times.
+func (d *demo) contend(ctx context.Context) {
+	d.phase("1. contention: %d workers × %d rounds; inside, a nested lock and a read-sleep-write of a counter", len(d.workers), d.rounds)
+	var wg sync.WaitGroup
+	for _, w := range d.workers {
+		wg.Go(func() {
+			for range d.rounds {
+				if err := d.critical(ctx, w); err != nil {
+					d.fail(w.id, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	want := int64(len(d.workers) * d.rounds)
+	got := d.counter.Load()
+	d.check(got == want, "mutual exclusion: counter is %d, want %d (%d workers × %d read-sleep-write rounds)", got, want, len(d.workers), d.rounds)
+	d.mu.Lock()
+	holds := slices.Clone(d.holds)
+	d.mu.Unlock()
+	all2 := int64(len(holds)) == want
+	for _, h := range holds {
+		all2 = all2 && h == 2
+	}
+	d.check(all2, "reentrancy: HoldCount was 2 in all %d nested sections (%d seen)", want, len(holds))
+}
+
+// critical takes the lock, then again through another handle (the same lock:
+// same Session and name), and increments the counter.
+func (d *demo) critical(ctx context.Context, w *worker) error {
+	if err := w.m.LockContext(ctx); err != nil {
+		return err
+	}
+	d.taken(w, "locked")
+	inner := etcdlock.NewMutex(w.s, d.name)
+	if err := inner.LockContext(ctx); err != nil {
+		return errors.Join(err, w.m.UnlockContext(ctx))
+	}
+	holds := inner.HoldCount()
+	n := d.counter.Load()
+	time.Sleep(demoSleep)
+	d.counter.Store(n + 1)
+	d.mu.Lock()
+	d.holds = append(d.holds, holds)
+	d.mu.Unlock()
+	d.event(w.id, 0, "nested lock: HoldCount %d; counter %d -> %d; nested unlock", holds, n, n+1)
+	err := inner.UnlockContext(ctx)
+	d.event(w.id, 0, "unlock")
+	return errors.Join(err, w.m.UnlockContext(ctx))
+}
+
+// nonBlocking is phase 2: while the first worker holds the lock, the next
+// three try, try with a bound, and wait until cancelled.
+func (d *demo) nonBlocking(ctx context.Context) {
+	h, b, t, c := d.workers[0], d.workers[1], d.workers[2], d.workers[3]
+	d.phase("2. %s holds the lock; %s tries, %s tries for %v, %s waits and is cancelled", h.id, b.id, t.id, demoTryWait, c.id)
+	if err := h.m.LockContext(ctx); err != nil {
+		d.fail(h.id, err)
+		return
+	}
+	d.taken(h, "locked; holds it through this phase")
+	holderKey := h.m.Key()
+
+	inGoroutine(func() {
+		t0 := time.Now()
+		ok := b.m.TryLock()
+		ms := time.Since(t0).Milliseconds()
+		if ok {
+			b.m.Unlock()
+		}
+		d.event(b.id, 0, "TryLock() = %v in %d ms: busy, skip the work (non-blocking path)", ok, ms)
+		keys, err := d.lockKeys(ctx)
+		d.check(!ok && err == nil && len(keys) == 1, "TryLock while held: false in %d ms, no key written (%d key under the lock, the holder's)", ms, len(keys))
+	})
+
+	inGoroutine(func() {
+		t0 := time.Now()
+		ok, err := t.m.TryLockFor(ctx, demoTryWait)
+		waited := time.Since(t0)
+		if ok {
+			d.unlock(t, ctx)
+		}
+		d.event(t.id, 0, "TryLockFor(%v) = (%v, %v) after %d ms: timed out", demoTryWait, ok, err, waited.Milliseconds())
+		d.check(!ok && err == nil && waited >= demoTryWait, "TryLockFor(%v) while held: (false, nil) after %d ms", demoTryWait, waited.Milliseconds())
+	})
+
+	cctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		err := c.m.LockContext(cctx)
+		if err == nil {
+			d.unlock(c, ctx)
+		}
+		errc <- err
+	})
+	queued := d.waitKeys(ctx, 2)
+	d.event(c.id, 0, "LockContext: waiting, its key queued behind %s's", h.id)
+	cancel()
+	wg.Wait()
+	err := <-errc
+	keys, kerr := d.lockKeys(ctx)
+	d.event(c.id, 0, "LockContext cancelled: %v; keys under the lock now: %d", err, len(keys))
+	d.check(queued && errors.Is(err, context.Canceled) && kerr == nil && len(keys) == 1 && keys[0] == holderKey,
+		"cancelled LockContext: returned %v and left no key (right after: %d key, the holder's)", err, len(keys))
+
+	d.unlock(h, ctx)
+}
+
+// loss is phase 3: the holder's lease is revoked under it.
+func (d *demo) loss(ctx context.Context) {
+	v, next := d.workers[1], d.workers[2]
+	d.phase("3. %s holds the lock; an operator revokes its lease (as if it had expired)", v.id)
+	if err := v.m.LockContext(ctx); err != nil {
+		d.fail(v.id, err)
+		return
+	}
+	d.taken(v, "locked")
+	done := v.m.Done()
+	t0 := time.Now()
+	if _, err := d.admin.Revoke(ctx, v.s.Lease()); err != nil {
+		d.fail("admin", err)
+	}
+	d.event("admin", 0, "revoked %s's lease %x", v.id, int64(v.s.Lease()))
+	detected := false
+	select {
+	case <-done:
+		detected = true
+	case <-time.After(demoLossWait):
+	}
+	ms := time.Since(t0).Milliseconds()
+	d.event(v.id, 0, "Done() closed=%v after %d ms: lock lost, stop working", detected, ms)
+	rejected := false
+	resp, err := v.cli.Txn(ctx).If(v.m.IsOwner()).Then(clientv3.OpPut(d.base+"/fenced", v.id)).Commit()
+	if err != nil {
+		d.fail(v.id, err)
+	} else {
+		rejected = !resp.Succeeded
+	}
+	d.event(v.id, 0, "write guarded by IsOwner(): rejected=%v", rejected)
+	uerr := v.m.UnlockContext(ctx)
+	d.event(v.id, 0, "UnlockContext: %v", uerr)
+	d.check(detected && rejected && uerr != nil, "lock loss: Done() closed %d ms after the revoke, the fenced write was rejected, UnlockContext reported it", ms)
+
+	if err := next.m.LockContext(ctx); err != nil {
+		d.fail(next.id, err)
+		return
+	}
+	d.taken(next, "locked")
+	d.unlock(next, ctx)
+}
+
+// taken records and prints a new hold of w, with its fencing token. It is
+// called under the lock, so the tokens are recorded in the lock's order.
+func (d *demo) taken(w *worker, what string) {
+	token := w.m.Token()
+	d.mu.Lock()
+	d.tokens = append(d.tokens, token)
+	d.mu.Unlock()
+	d.event(w.id, token, "%s", what)
+}
+
+// unlock releases w's lock; the event comes first, so that the timeline
+// never shows the next holder before it.
+func (d *demo) unlock(w *worker, ctx context.Context) {
+	d.event(w.id, 0, "unlock")
+	if err := w.m.UnlockContext(ctx); err != nil {
+		d.fail(w.id, err)
+	}
+}
+
+// lockKeys returns the keys under the lock's prefix.
+func (d *demo) lockKeys(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoOpTimeout)
+	defer cancel()
+	resp, err := d.admin.Get(ctx, d.name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		keys[i] = string(kv.Key)
+	}
+	return keys, nil
+}
+
+// waitKeys waits until n keys are under the lock's prefix, and reports
+// whether they were.
+func (d *demo) waitKeys(ctx context.Context, n int) bool {
+	deadline := time.Now().Add(demoQueueWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if keys, err := d.lockKeys(ctx); err == nil && len(keys) >= n {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
+}
+
+func (d *demo) phase(format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fmt.Fprintf(d.out, "%6s  %s\n", "", fmt.Sprintf(format, args...))
+}
+
+// event prints one line of the timeline; token 0 prints no token.
+func (d *demo) event(who string, token int64, format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tok := ""
+	if token != 0 {
+		tok = strconv.FormatInt(token, 10)
+	}
+	line := fmt.Sprintf("%6d  %-6s %-64s %s", time.Since(d.start).Milliseconds(), who, fmt.Sprintf(format, args...), tok)
+	fmt.Fprintln(d.out, strings.TrimRight(line, " "))
+}
+
+func (d *demo) fail(who string, err error) {
+	d.mu.Lock()
+	d.errs = append(d.errs, err)
+	d.mu.Unlock()
+	d.event(who, 0, "error: %v", err)
+}
+
+func (d *demo) check(ok bool, format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.checks = append(d.checks, checkResult{ok: ok, msg: fmt.Sprintf(format, args...)})
+}
+
+// close ends the sessions, which revokes their leases, deletes what the demo
+// wrote, and closes every client.
+func (d *demo) close() {
+	for _, w := range d.workers {
+		if err := w.s.Close(); err != nil {
+			d.fail(w.id, err)
+		}
+		w.cli.Close()
+	}
+	if d.admin != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), demoOpTimeout)
+		defer cancel()
+		if _, err := d.admin.Delete(ctx, d.base+"/", clientv3.WithPrefix()); err != nil {
+			d.fail("admin", err)
+		}
+		d.admin.Close()
+	}
+}
+
+// inGoroutine runs f in a goroutine of its own, as another process would,
+// and waits for it.
+func inGoroutine(f func()) {
+	var wg sync.WaitGroup
+	wg.Go(f)
+	wg.Wait()
+}
+
+func increasing(s []int64) bool {
+	for i := 1; i < len(s); i++ {
+		if s[i] <= s[i-1] {
+			return false
+		}
+	}
+	return true
+}
+
+func joinInts(s []int64) string {
+	parts := make([]string, len(s))
+	for i, v := range s {
+		parts[i] = strconv.FormatInt(v, 10)
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+const (
+	defaultTTL       = 10 * time.Second
+	defaultKillGrace = 10 * time.Second
+	// tryTimeout bounds --wait 0, which has no wait of its own to bound it.
+	tryTimeout = 5 * time.Second
+)
+
+const runAbout = `Runs COMMAND while holding the lock NAME, like flock(1) across machines, and
+stops COMMAND before the lock can pass to anyone else.
+
+Waits for the lock (see --wait), then starts COMMAND in a process group of
+its own, with ETCDLOCK_KEY and ETCD_LOCK_KEY set to the lock's etcd key and
+ETCDLOCK_TOKEN and ETCD_LOCK_REV to its fencing token (the key's create
+revision). Exits with COMMAND's status (128+N if signal N killed it), and
+releases the lock once COMMAND has exited.
+
+If the lock is lost, or about to be (its key deleted, its lease revoked or
+expired, or etcd silent for 2/3 of --ttl), COMMAND's process group gets
+SIGTERM, then SIGKILL after --kill-grace, and etcdlock exits 74.
+SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to
+COMMAND's process group while it runs; while waiting, they make etcdlock
+give up, leave no key behind, and exit 128+N.
+
+Exit statuses: COMMAND's own; 64 usage; 69 etcd unreachable or refused us;
+74 lock lost; 75 lock busy (--wait ran out); 126 COMMAND could not be
+started; 127 COMMAND not found; 128+N signal N while waiting.
+`
+
+// waitFlag is --wait: how long to wait for the lock, forever if not set.
+type waitFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (w *waitFlag) String() string {
+	if w == nil || !w.set {
+		return "forever"
+	}
+	return w.d.String()
+}
+
+func (w *waitFlag) Set(s string) error {
+	if s == "forever" {
+		*w = waitFlag{}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration such as 0, 30s or 5m, nor forever")
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
+	}
+	*w = waitFlag{d: d, set: true}
+	return nil
+}
+
+type runOptions struct {
+	conn  connFlags
+	ttl   time.Duration
+	wait  waitFlag
+	grace time.Duration
+}
+
+func newRunFlags() (*commandFlags, *runOptions) {
+	c := newCommandFlags("run", "[flags] NAME -- COMMAND [ARGS...]", runAbout)
+	o := &runOptions{}
+	c.DurationVar(&o.ttl, "ttl", defaultTTL, "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
+	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once")
+	c.DurationVar(&o.grace, "kill-grace", defaultKillGrace, "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once")
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace"}})
+	o.conn.register(c, true)
+	return c, o
+}
+
+func runCommand(args []string, sio stdio) error {
+	fs, o := newRunFlags()
+	name, command, err := fs.parseName(args)
+	if fs.showHelp(err, sio) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(command) == 0 || command[0] == "" {
+		return usagef("run", "missing COMMAND: etcdlock run [flags] NAME -- COMMAND [ARGS...]")
+	}
+	if o.ttl <= 0 {
+		return usagef("run", "--ttl must be positive, got %v", o.ttl)
+	}
+	if o.grace < 0 {
+		return usagef("run", "--kill-grace must not be negative, got %v", o.grace)
+	}
+	if err := o.conn.fromEnv(fs, sio.getenv); err != nil {
+		return err
+	}
+	cfg, err := o.conn.config("run")
+	if err != nil {
+		return err
+	}
+
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwardedSignals...)
+	defer signal.Stop(sigs)
+	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs}
+	return r.run()
+}
+
+// runner is one etcdlock run. Its lock is taken and released by the
+// goroutine that calls run, as a Mutex requires.
+type runner struct {
+	name    string
+	command []string
+	opts    *runOptions
+	cfg     clientv3.Config
+	sio     stdio
+	sigs    chan os.Signal
+
+	cli *clientv3.Client
+	s   *etcdlock.Session
+	m   *etcdlock.Mutex
+}
+
+func (r *runner) run() error {
+	sig, held, err := r.acquire()
+	defer r.close()
+	switch {
+	case sig != nil:
+		if held {
+			r.unlock()
+		}
+		return withStatus(128+signalNumber(sig), fmt.Errorf("%v while waiting for the lock %q: gave up", sig, r.name))
+	case err != nil:
+		return err
+	}
+	// A signal between the lock and the start of COMMAND: do not start it.
+	select {
+	case sig := <-r.sigs:
+		r.unlock()
+		return withStatus(128+signalNumber(sig), fmt.Errorf("%v before %s started: lock %q released", sig, r.command[0], r.name))
+	default:
+	}
+	return r.runHeld()
+}
+
+// acquire connects to etcd and takes the lock. If one of the signals arrives
+// first, it gives up, leaves no key of its own, and returns the signal.
+func (r *runner) acquire() (sig os.Signal, held bool, err error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	caught := make(chan os.Signal, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case s := <-r.sigs:
+			caught <- s
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	held, err = r.lock(ctx)
+	cancel()
+	wg.Wait()
+	select {
+	case sig = <-caught:
+	default:
+	}
+	return sig, held, err
+}
+
+// lock takes the lock as --wait says. It reports held false with a nil error
+// only if ctx ended.
+func (r *runner) lock(ctx context.Context) (bool, error) {
+	cli, err := connect(ctx, r.cfg, r.name+"/")
+	if err != nil {
+		return false, err
+	}
+	r.cli = cli
+	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(r.opts.ttl))
+	if err != nil {
+		return false, unavailable(r.cfg, err)
+	}
+	r.s = s
+	r.m = etcdlock.NewMutex(s, r.name)
+
+	held := false
+	wait := r.opts.wait
+	switch {
+	case !wait.set:
+		err = r.m.LockContext(ctx)
+		held = err == nil
+	case wait.d == 0:
+		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
+		held, err = r.m.TryLockFor(tctx, 0)
+		cancel()
+	default:
+		held, err = r.m.TryLockFor(ctx, wait.d)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return held, nil
+	case errors.Is(err, etcdlock.ErrSessionExpired):
+		return false, withStatus(exitUnavailable, fmt.Errorf("lease lost while waiting for the lock %q (etcd unreachable for the whole --ttl %v, or the lease was revoked)", r.name, r.s.TTL()))
+	case err != nil:
+		return false, unavailable(r.cfg, err)
+	case !held:
+		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: held by someone else after waiting %v", r.name, wait.d))
+	}
+	return true, nil
+}
+
+// runHeld runs COMMAND under the held lock, stops it if the lock is lost,
+// then releases the lock.
+func (r *runner) runHeld() error {
+	key, token := r.m.Key(), r.m.Token()
+	lost := r.m.Done()
+	cmd := exec.Command(r.command[0], r.command[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = r.sio.in, r.sio.out, r.sio.err
+	cmd.Env = append(os.Environ(),
+		"ETCDLOCK_KEY="+key,
+		fmt.Sprintf("ETCDLOCK_TOKEN=%d", token),
+		"ETCD_LOCK_KEY="+key,
+		fmt.Sprintf("ETCD_LOCK_REV=%d", token),
+	)
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		r.unlock()
+		code := exitCannotRun
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			code = exitNotFound
+		}
+		return withStatus(code, err)
+	}
+	pid := cmd.Process.Pid
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = cmd.Wait() // the status is in cmd.ProcessState
+	}()
+
+	var (
+		lostAt time.Time
+		kill   <-chan time.Time
+	)
+wait:
+	for {
+		select {
+		case <-exited:
+			break wait
+		case sig := <-r.sigs:
+			r.warn(signalGroup(pid, sig))
+		case <-lost:
+			lost, lostAt = nil, time.Now()
+			kill = r.stop(pid)
+		case <-kill:
+			kill = nil
+			r.warn(signalGroup(pid, syscall.SIGKILL))
+		}
+	}
+	if lostAt.IsZero() {
+		// Lost as COMMAND exited: its work may not have been exclusive.
+		select {
+		case <-lost:
+			lostAt = time.Now()
+		default:
+		}
+	} else {
+		r.stopGroup(pid, lostAt.Add(r.opts.grace))
+	}
+
+	unlockErr := r.m.UnlockContext(context.Background())
+	status := exitStatus(cmd.ProcessState)
+	switch {
+	case !lostAt.IsZero():
+		return withStatus(exitLost, fmt.Errorf("lost the lock %q while %s ran (it exited with status %d)", r.name, r.command[0], status))
+	case errors.Is(unlockErr, etcdlock.ErrLockLost), errors.Is(unlockErr, etcdlock.ErrSessionExpired):
+		return withStatus(exitLost, fmt.Errorf("lock %q was gone when %s exited (with status %d): %v", r.name, r.command[0], status, unlockErr))
+	case unlockErr != nil:
+		r.warn(fmt.Errorf("%w; the key expires with the lease within %v", unlockErr, r.s.TTL()))
+	}
+	if status == 0 {
+		return nil
+	}
+	return withStatus(status, nil)
+}
+
+// stop starts stopping COMMAND's process group after the lock was lost, and
+// returns when to kill it, or nil if it was killed at once.
+func (r *runner) stop(pid int) <-chan time.Time {
+	if r.opts.grace == 0 {
+		fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q: killing %s\n", r.name, r.command[0])
+		r.warn(signalGroup(pid, syscall.SIGKILL))
+		return nil
+	}
+	fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (key deleted, lease revoked or expired, or etcd silent): sending SIGTERM to %s, SIGKILL in %v\n",
+		r.name, r.command[0], r.opts.grace)
+	r.warn(signalGroup(pid, syscall.SIGTERM))
+	return time.After(r.opts.grace)
+}
+
+// stopGroup waits until no process is left in COMMAND's process group,
+// which the lost lock no longer covers, and kills those left at deadline.
+func (r *runner) stopGroup(pid int, deadline time.Time) {
+	for groupAlive(pid) {
+		if !time.Now().Before(deadline) {
+			r.warn(signalGroup(pid, syscall.SIGKILL))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// unlock releases the lock taken by this goroutine, on a bounded context.
+func (r *runner) unlock() {
+	if err := r.m.UnlockContext(context.Background()); err != nil {
+		r.warn(err)
+	}
+}
+
+// close ends the session, which revokes its lease, then closes the client.
+func (r *runner) close() {
+	if r.s != nil {
+		r.warn(r.s.Close())
+	}
+	if r.cli != nil {
+		r.cli.Close()
+	}
+}
+
+func (r *runner) warn(err error) {
+	if err != nil {
+		fmt.Fprintf(r.sio.err, "etcdlock: warning: %v\n", err)
+	}
+}
+
+// exitStatus returns the status a shell would report for ps.
+func exitStatus(ps *os.ProcessState) int {
+	if ps == nil {
+		return exitFailed
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+func signalNumber(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return int(s)
+	}
+	return int(syscall.SIGTERM)
+}

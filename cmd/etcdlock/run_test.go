@@ -1,0 +1,474 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
+)
+
+func TestRunNoOverlap(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	log := filepath.Join(t.TempDir(), "log")
+	script := `echo "start $ETCDLOCK_TOKEN $ETCDLOCK_KEY $ETCD_LOCK_KEY $ETCD_LOCK_REV" >>"$LOG"; sleep 0.2; echo "end $ETCDLOCK_TOKEN" >>"$LOG"`
+
+	const runs = 3
+	procs := make([]*proc, runs)
+	for i := range procs {
+		procs[i] = startCLI(t, []string{"LOG=" + log}, "run", "--endpoints", srv.Endpoints()[0], name, "--", "sh", "-c", script)
+	}
+	for _, p := range procs {
+		p.wait(t).want(t, 0)
+	}
+
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2*runs {
+		t.Fatalf("log: got %d lines, want %d:\n%s", len(lines), 2*runs, b)
+	}
+	var last int64
+	for i := 0; i < len(lines); i += 2 {
+		start, end := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(start) != 5 || start[0] != "start" || len(end) != 2 || end[0] != "end" || end[1] != start[1] {
+			t.Fatalf("log lines %d-%d: got %q, %q, want a start then the end of the same token:\n%s", i+1, i+2, lines[i], lines[i+1], b)
+		}
+		token, err := strconv.ParseInt(start[1], 10, 64)
+		if err != nil || token <= last {
+			t.Fatalf("token %d: got %q, want a number above %d:\n%s", i/2+1, start[1], last, b)
+		}
+		last = token
+		key := start[2]
+		if !strings.HasPrefix(key, name+"/") || start[3] != key || start[4] != start[1] {
+			t.Fatalf("env: got ETCDLOCK_KEY=%s ETCD_LOCK_KEY=%s ETCD_LOCK_REV=%s, want keys %s/<lease> and the revision %s", key, start[3], start[4], name, start[1])
+		}
+	}
+	if keys := lockKeys(t, cli, name); len(keys) != 0 {
+		t.Fatalf("keys after the runs: got %v, want none", keys)
+	}
+}
+
+func TestRunExitStatus(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	notExec := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		command []string
+		want    int
+	}{
+		{"success", []string{"true"}, 0},
+		{"exit 3", []string{"sh", "-c", "exit 3"}, 3},
+		{"killed by SIGKILL", []string{"sh", "-c", "kill -KILL $$"}, 128 + 9},
+		{"not found", []string{"etcdlock-test-no-such-command"}, exitNotFound},
+		{"not executable", []string{notExec}, exitCannotRun},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := lockName(t)
+			args := append([]string{"run", "--endpoints", srv.Endpoints()[0], name, "--"}, tc.command...)
+			runCLI(t, nil, args...).want(t, tc.want)
+			if keys := lockKeys(t, cli, name); len(keys) != 0 {
+				t.Fatalf("keys after the run: got %v, want none", keys)
+			}
+		})
+	}
+}
+
+func TestRunBusy(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	holder := holdLock(t, cli, name)
+	marker := filepath.Join(t.TempDir(), "ran")
+	ep := srv.Endpoints()[0]
+
+	t.Run("wait 0", func(t *testing.T) {
+		// Flags may also follow NAME.
+		r := runCLI(t, nil, "run", "--endpoints", ep, name, "--wait", "0", "--", "touch", marker)
+		r.want(t, exitBusy)
+		if r.took > 5*time.Second {
+			t.Errorf("--wait 0 took %v, want a single try", r.took)
+		}
+	})
+	t.Run("wait 300ms", func(t *testing.T) {
+		r := runCLI(t, nil, "run", "--endpoints", ep, "--wait", "300ms", name, "--", "touch", marker)
+		r.want(t, exitBusy)
+		if r.took < 300*time.Millisecond {
+			t.Errorf("--wait 300ms took %v, want at least 300ms", r.took)
+		}
+	})
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatalf("the command ran although the lock was busy")
+	}
+	if keys := lockKeys(t, cli, name); len(keys) != 1 || keys[0].key != holder.Key() {
+		t.Fatalf("keys: got %v, want only the holder's %s", keys, holder.Key())
+	}
+
+	if err := holder.UnlockContext(t.Context()); err != nil {
+		t.Fatalf("Unlock: got %v, want nil", err)
+	}
+	runCLI(t, nil, "run", "--endpoints", ep, "--wait", "0", name, "--", "touch", marker).want(t, 0)
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the command did not run once the lock was free: %v", err)
+	}
+}
+
+func TestRunSignalWhileWaiting(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			name := lockName(t)
+			holder := holdLock(t, cli, name)
+			marker := filepath.Join(t.TempDir(), "ran")
+			p := startCLI(t, nil, "run", "--endpoints", srv.Endpoints()[0], name, "--", "touch", marker)
+			waitKeys(t, cli, name, 2) // the run is queued behind the holder
+			if err := p.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			p.wait(t).want(t, 128+int(sig))
+			if keys := lockKeys(t, cli, name); len(keys) != 1 || keys[0].key != holder.Key() {
+				t.Fatalf("keys right after: got %v, want only the holder's %s", keys, holder.Key())
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Fatalf("the command ran although etcdlock was stopped while waiting")
+			}
+		})
+	}
+}
+
+func TestRunSignalForwarded(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	out := filepath.Join(t.TempDir(), "out")
+	// The shell exits 7 on SIGTERM; its sleep, in the same process group,
+	// gets the signal too.
+	script := `trap 'echo got-TERM >>"$OUT"; exit 7' TERM; echo ready >>"$OUT"; while :; do sleep 0.05; done`
+	p := startCLI(t, []string{"OUT=" + out}, "run", "--endpoints", srv.Endpoints()[0], name, "--", "sh", "-c", script)
+	waitFile(t, out, "ready")
+	if keys := lockKeys(t, cli, name); len(keys) != 1 {
+		t.Fatalf("keys while running: got %v, want 1", keys)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t).want(t, 7)
+	waitFile(t, out, "got-TERM")
+	if keys := lockKeys(t, cli, name); len(keys) != 0 {
+		t.Fatalf("keys after: got %v, want none", keys)
+	}
+}
+
+func TestRunLockLost(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	revoke := func(ctx context.Context, k *keyInfo) error {
+		_, err := cli.Revoke(ctx, k.lease)
+		return err
+	}
+	deleteKey := func(ctx context.Context, k *keyInfo) error {
+		_, err := cli.Delete(ctx, k.key)
+		return err
+	}
+	for _, tc := range []struct {
+		name   string
+		script string // writes its PID, then that of a background child, to $PIDS
+		grace  time.Duration
+		lose   func(context.Context, *keyInfo) error
+	}{
+		// The shell and its background sleep both die of SIGTERM.
+		{"revoked, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, revoke},
+		{"key deleted, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, deleteKey},
+		// Both ignore SIGTERM: SIGKILL after the grace period.
+		{"revoked, ignores SIGTERM", `trap '' TERM; echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 500 * time.Millisecond, revoke},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := lockName(t)
+			pids := filepath.Join(t.TempDir(), "pids")
+			p := startCLI(t, []string{"PIDS=" + pids}, "run", "--endpoints", srv.Endpoints()[0],
+				"--ttl", "2s", "--kill-grace", tc.grace.String(), name, "--", "sh", "-c", tc.script)
+			child, grandchild := readPIDs(t, pids)
+
+			keys := waitKeys(t, cli, name, 1)
+			lost := time.Now()
+			ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+			defer cancel()
+			if err := tc.lose(ctx, keys[0]); err != nil {
+				t.Fatalf("losing the lock: got %v, want nil", err)
+			}
+			r := p.wait(t)
+			r.want(t, exitLost)
+			took := time.Since(lost)
+			t.Logf("exited %v after the lock was lost", took)
+			// Done closes within about 100 ms; the bounds leave room for
+			// slow machines.
+			if took > tc.grace+5*time.Second {
+				t.Errorf("exited %v after the lock was lost, want within %v", took, tc.grace+5*time.Second)
+			}
+			if tc.grace < time.Second && took < tc.grace {
+				t.Errorf("exited %v after the lock was lost, want SIGKILL only after the grace %v", took, tc.grace)
+			}
+			if !strings.Contains(r.stderr, "lost the lock") {
+				t.Errorf("stderr: got %q, want it to say the lock was lost", r.stderr)
+			}
+			for _, pid := range []int{child, grandchild} {
+				if !processGone(pid) {
+					t.Errorf("process %d still runs after etcdlock exited", pid)
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		})
+	}
+}
+
+// TestRunKeepAliveSilence cuts etcdlock off from etcd: the command must be
+// stopped before etcd expires the lease, so before anyone else can get the
+// lock.
+func TestRunKeepAliveSilence(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	_, proxy := srv.ProxiedClient(t)
+	name := lockName(t)
+	pids := filepath.Join(t.TempDir(), "pids")
+	p := startCLI(t, []string{"PIDS=" + pids}, "run", "--endpoints", proxy.Endpoints()[0],
+		"--ttl", "3s", "--kill-grace", "5s", name, "--", "sh", "-c", `echo $$ >"$PIDS"; exec sleep 60`)
+	child := readPID(t, pids)
+	keys := waitKeys(t, cli, name, 1)
+
+	proxy.Blackhole()
+	cut := time.Now()
+	for !processGone(child) {
+		if time.Since(cut) > opTimeout {
+			proxy.Unblackhole()
+			t.Fatalf("the command still runs %v after etcd went silent", opTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopped := time.Since(cut)
+	after := lockKeys(t, cli, name)
+	proxy.Unblackhole()
+	t.Logf("command stopped %v after etcd went silent (TTL 3s)", stopped)
+	if len(after) != 1 || after[0].rev != keys[0].rev {
+		t.Errorf("keys when the command stopped: got %v, want still %v: it was stopped only after etcd expired the lease", after, keys)
+	}
+	r := p.wait(t)
+	r.want(t, exitLost)
+}
+
+// readPIDs reads the two process IDs a test command writes to path.
+func readPIDs(t *testing.T, path string) (first, second int) {
+	t.Helper()
+	deadline := time.Now().Add(opTimeout)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(path)
+		if f := strings.Fields(string(b)); len(f) == 2 && strings.HasSuffix(string(b), "\n") {
+			first, _ = strconv.Atoi(f[0])
+			second, _ = strconv.Atoi(f[1])
+			if first > 0 && second > 0 {
+				return first, second
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s: want two process IDs", path)
+	return 0, 0
+}
+
+func TestRunTLS(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.WithTLS(), etcdtest.WithClientCertAuth())
+	files := srv.TLS()
+	ep := srv.Endpoints()[0]
+	name := lockName(t)
+
+	t.Run("flags", func(t *testing.T) {
+		r := runCLI(t, nil, "run", "--endpoints", ep, "--cacert", files.CAFile, "--cert", files.CertFile, "--key", files.KeyFile,
+			name, "--", "sh", "-c", `echo "token=$ETCDLOCK_TOKEN"`)
+		r.want(t, 0)
+		if !strings.Contains(r.stdout, "token=") || strings.Contains(r.stdout, "token=\n") {
+			t.Fatalf("stdout: got %q, want the token", r.stdout)
+		}
+	})
+	t.Run("environment", func(t *testing.T) {
+		env := []string{"ETCDCTL_ENDPOINTS=" + ep, "ETCDCTL_CACERT=" + files.CAFile, "ETCDCTL_CERT=" + files.CertFile, "ETCDCTL_KEY=" + files.KeyFile}
+		runCLI(t, env, "run", name, "--", "true").want(t, 0)
+		r := runCLI(t, env, "holders", name)
+		r.want(t, 0)
+		if strings.TrimSpace(r.stdout) != "no holder" {
+			t.Fatalf("holders: got %q, want no holder", r.stdout)
+		}
+	})
+	t.Run("no client certificate", func(t *testing.T) {
+		runCLI(t, nil, "run", "--endpoints", ep, "--cacert", files.CAFile, "--dial-timeout", "1s", name, "--", "true").want(t, exitUnavailable)
+	})
+}
+
+func TestRunUnreachable(t *testing.T) {
+	ep := closedPort(t)
+	const secret = "unreachable-S3CRET"
+	for _, args := range [][]string{
+		{"run", "--endpoints", ep, "--dial-timeout", "500ms", "--user", "root", "--password", secret, "x", "--", "true"},
+		{"holders", "--endpoints", ep, "--dial-timeout", "500ms", "--user", "root:" + secret, "x"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			r := runCLI(t, nil, args...)
+			r.want(t, exitUnavailable)
+			if r.took > 15*time.Second {
+				t.Errorf("took %v, want about the dial timeout", r.took)
+			}
+			if !strings.Contains(r.stderr, ep) {
+				t.Errorf("stderr: got %q, want it to name %s", r.stderr, ep)
+			}
+			if strings.Contains(r.stdout+r.stderr, secret) {
+				t.Errorf("output shows the password:\n%s%s", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+func TestAuth(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	const password = "auth-S3CRET-pw"
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if _, err := cli.UserAdd(ctx, "root", password); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.UserGrantRole(ctx, "root", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ep := srv.Endpoints()[0]
+	name := lockName(t)
+	// Authentication is slow under the race detector (bcrypt): a generous
+	// dial timeout where it must succeed.
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want int
+	}{
+		{"run with flags", nil, []string{"run", "--user", "root", "--password", password, "--dial-timeout", "20s", name, "--", "true"}, 0},
+		{"holders with environment", []string{"ETCDCTL_USER=root", "ETCDCTL_PASSWORD=" + password}, []string{"holders", "--dial-timeout", "20s", name}, 0},
+		{"run with a wrong password", nil, []string{"run", "--user", "root:" + password + "-wrong", "--dial-timeout", "20s", name, "--", "true"}, exitUnavailable},
+		{"holders without credentials", nil, []string{"holders", name}, exitUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{tc.args[0], "--endpoints", ep}, tc.args[1:]...)
+			r := runCLI(t, tc.env, args...)
+			r.want(t, tc.want)
+			if strings.Contains(r.stdout+r.stderr, password) {
+				t.Errorf("output shows the password:\n%s%s", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+func TestHolders(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	ep := srv.Endpoints()[0]
+
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	// A key of the lock name+"/1", older than all: not part of name.
+	if _, err := cli.Put(ctx, name+"/1/nested", ""); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, nil, "holders", "--endpoints", ep, name)
+	r.want(t, 0)
+	if got := strings.TrimSpace(r.stdout); got != "no holder" {
+		t.Fatalf("holders of a free lock: got %q, want %q", got, "no holder")
+	}
+
+	holder := holdLock(t, cli, name)
+	waitCtx, stopWaiting := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopWaiting()
+	var waiters []*keyInfo
+	for i := range 2 {
+		s := newSession(t, cli)
+		wg.Go(func() {
+			if err := etcdlock.NewMutex(s, name).LockContext(waitCtx); err == nil {
+				t.Errorf("waiter %d got the lock, want it to wait", i+1)
+			}
+		})
+		keys := waitKeys(t, cli, name, i+2) // in queue order
+		waiters = append(waiters, keys[i+1])
+	}
+
+	r = runCLI(t, nil, "holders", "--endpoints", ep, name)
+	r.want(t, 0)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("holders: got %d lines, want a header, the holder and 2 waiters:\n%s", len(lines), r.stdout)
+	}
+	if f := strings.Fields(lines[0]); strings.Join(f, " ") != "ROLE KEY TOKEN LEASE TTL" {
+		t.Fatalf("header: got %q", lines[0])
+	}
+	wantRows := []struct {
+		role string
+		key  string
+		rev  int64
+	}{
+		{"holder", holder.Key(), holder.Token()},
+		{"waiter 1", waiters[0].key, waiters[0].rev},
+		{"waiter 2", waiters[1].key, waiters[1].rev},
+	}
+	for i, w := range wantRows {
+		line := lines[i+1]
+		if !strings.HasPrefix(line, w.role+" ") {
+			t.Fatalf("line %d: got %q, want role %q", i+2, line, w.role)
+		}
+		f := strings.Fields(strings.TrimPrefix(line, w.role))
+		if len(f) != 4 {
+			t.Fatalf("line %d: got %q, want KEY TOKEN LEASE TTL", i+2, line)
+		}
+		lease := w.key[strings.LastIndexByte(w.key, '/')+1:]
+		if f[0] != w.key || f[1] != strconv.FormatInt(w.rev, 10) || f[2] != lease {
+			t.Fatalf("line %d: got %q, want key %s, token %d, lease %s", i+2, line, w.key, w.rev, lease)
+		}
+		ttl, err := strconv.Atoi(strings.TrimSuffix(f[3], "s"))
+		if err != nil || !strings.HasSuffix(f[3], "s") || ttl < 1 || ttl > 10 {
+			t.Fatalf("line %d: TTL %q, want 1s to 10s", i+2, f[3])
+		}
+	}
+	if strings.Contains(r.stdout, "nested") {
+		t.Fatalf("holders shows a key of another lock:\n%s", r.stdout)
+	}
+}
+
+// closedPort returns the address of a loopback port that nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
