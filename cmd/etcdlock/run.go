@@ -148,7 +148,7 @@ func (r *runner) run() error {
 		if held {
 			r.unlock()
 		}
-		return withStatus(128+signalNumber(sig), fmt.Errorf("%v while waiting for the lock %q: gave up", sig, r.name))
+		return withStatus(128+signalNumber(sig), fmt.Errorf("%v (signal %d) while waiting for the lock %q: withdrew", sig, signalNumber(sig), r.name))
 	case err != nil:
 		return err
 	}
@@ -156,7 +156,7 @@ func (r *runner) run() error {
 	select {
 	case sig := <-r.sigs:
 		r.unlock()
-		return withStatus(128+signalNumber(sig), fmt.Errorf("%v before %s started: lock %q released", sig, r.command[0], r.name))
+		return withStatus(128+signalNumber(sig), fmt.Errorf("%v (signal %d) before %s started: released the lock %q", sig, signalNumber(sig), r.command[0], r.name))
 	default:
 	}
 	return r.runHeld()
@@ -186,8 +186,8 @@ func (r *runner) acquire() (sig os.Signal, held bool, err error) {
 	return sig, held, err
 }
 
-// lock takes the lock as --wait says. It reports held false with a nil error
-// only if ctx ended.
+// lock takes the lock as --wait says. When ctx ends it returns a nil error,
+// whether it holds the lock or not: the caller knows which signal ended it.
 func (r *runner) lock(ctx context.Context) (bool, error) {
 	cli, err := connect(ctx, r.cfg, r.name+"/")
 	if err != nil {
@@ -221,8 +221,10 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 		return false, withStatus(exitUnavailable, fmt.Errorf("lease lost while waiting for the lock %q (etcd unreachable for the whole --ttl %v, or the lease was revoked)", r.name, r.s.TTL()))
 	case err != nil:
 		return false, unavailable(r.cfg, err)
+	case !held && wait.d == 0:
+		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: someone else holds it", r.name))
 	case !held:
-		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: held by someone else after waiting %v", r.name, wait.d))
+		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: someone else still held it after --wait %v", r.name, wait.d))
 	}
 	return true, nil
 }

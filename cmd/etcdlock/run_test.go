@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/v3/concurrency"
+
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
 )
@@ -129,6 +131,36 @@ func TestRunBusy(t *testing.T) {
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatalf("the command did not run once the lock was free: %v", err)
 	}
+}
+
+// TestRunExcludesUpstream: a lock taken with etcd's concurrency.Mutex (as
+// etcdctl lock takes it) keeps etcdlock run out, and holders shows it.
+func TestRunExcludesUpstream(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	s, err := concurrency.NewSession(cli, concurrency.WithTTL(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m := concurrency.NewMutex(s, name)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ep := srv.Endpoints()[0]
+	runCLI(t, nil, "run", "--endpoints", ep, "--wait", "0", name, "--", "true").want(t, exitBusy)
+	r := runCLI(t, nil, "holders", "--endpoints", ep, name)
+	r.want(t, 0)
+	if !strings.Contains(r.stdout, m.Key()) {
+		t.Fatalf("holders: got %q, want the concurrency.Mutex key %s", r.stdout, m.Key())
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runCLI(t, nil, "run", "--endpoints", ep, "--wait", "0", name, "--", "true").want(t, 0)
 }
 
 func TestRunSignalWhileWaiting(t *testing.T) {
