@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -33,5 +34,10 @@ func connect(ctx context.Context, cfg clientv3.Config, key string) (*clientv3.Cl
 
 // unavailable is the error of etcd being unreachable or refusing a request.
 func unavailable(cfg clientv3.Config, err error) error {
-	return withStatus(exitUnavailable, fmt.Errorf("etcd at %s: %w (dial timeout %v)", endpointList(cfg), err, cfg.DialTimeout))
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("no answer from etcd at %s in time (--dial-timeout %v): unreachable, or a TLS mismatch: %w", endpointList(cfg), cfg.DialTimeout, err)
+	} else {
+		err = fmt.Errorf("etcd at %s: %w", endpointList(cfg), err)
+	}
+	return withStatus(exitUnavailable, err)
 }

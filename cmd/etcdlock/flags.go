@@ -128,16 +128,21 @@ var connEnv = []struct{ flag, env string }{
 }
 
 // register adds the connection flags to c. Their defaults are constants, so
-// that help never shows a value taken from the environment.
+// that help never shows a value taken from the environment. Without env
+// (demo), there is no default endpoint and no ETCDCTL_ variable applies.
 func (cf *connFlags) register(c *commandFlags, env bool) {
-	c.StringVar(&cf.endpoints, "endpoints", defaultEndpoint, "comma-separated etcd `endpoints`")
+	endpoints, usage := defaultEndpoint, "comma-separated etcd `endpoints`"
+	if !env {
+		endpoints, usage = "", "comma-separated etcd `endpoints`; without it, an etcd embedded in this process"
+	}
+	c.StringVar(&cf.endpoints, "endpoints", endpoints, usage)
 	c.DurationVar(&cf.dialTimeout, "dial-timeout", defaultDialTimeout, "give up if etcd does not answer within this `duration`")
 	c.StringVar(&cf.cacert, "cacert", "", "verify the server's certificate with this CA bundle `file`; enables TLS")
 	c.StringVar(&cf.cert, "cert", "", "client certificate `file` for TLS, with --key")
 	c.StringVar(&cf.key, "key", "", "client private key `file` for TLS, with --cert")
 	c.StringVar(&cf.user, "user", "", "`name[:password]` for etcd authentication")
 	c.StringVar(&cf.password, "password", "", "`password` for etcd authentication; --user is then the name only")
-	title := "Connection flags (as etcdctl's)"
+	title := "Connection flags (as etcdctl's; only with --endpoints)"
 	if env {
 		title = "Connection flags (as etcdctl's; ETCDCTL_ENDPOINTS, ETCDCTL_DIAL_TIMEOUT, ETCDCTL_CACERT,\nETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER and ETCDCTL_PASSWORD apply to flags not given)"
 	}

@@ -282,7 +282,7 @@ func TestRunKeepAliveSilence(t *testing.T) {
 	name := lockName(t)
 	pids := filepath.Join(t.TempDir(), "pids")
 	p := startCLI(t, []string{"PIDS=" + pids}, "run", "--endpoints", proxy.Endpoints()[0],
-		"--ttl", "3s", "--kill-grace", "5s", name, "--", "sh", "-c", `echo $$ >"$PIDS"; exec sleep 60`)
+		"--ttl", "4s", "--kill-grace", "5s", name, "--", "sh", "-c", `echo $$ >"$PIDS"; exec sleep 60`)
 	child := readPID(t, pids)
 	keys := waitKeys(t, cli, name, 1)
 
@@ -298,7 +298,7 @@ func TestRunKeepAliveSilence(t *testing.T) {
 	stopped := time.Since(cut)
 	after := lockKeys(t, cli, name)
 	proxy.Unblackhole()
-	t.Logf("command stopped %v after etcd went silent (TTL 3s)", stopped)
+	t.Logf("command stopped %v after etcd went silent (TTL 4s)", stopped)
 	if len(after) != 1 || after[0].rev != keys[0].rev {
 		t.Errorf("keys when the command stopped: got %v, want still %v: it was stopped only after etcd expired the lease", after, keys)
 	}
