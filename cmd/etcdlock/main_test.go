@@ -50,12 +50,20 @@ type proc struct {
 // without any ETCDCTL_ variable, plus env.
 func startCLI(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
+	return startCLIVia(t, nil, env, args...)
+}
+
+// startCLIVia starts etcdlock through the command via, which must exec its
+// arguments, such as sh -c 'trap "" HUP; exec "$@"' sh.
+func startCLIVia(t *testing.T, via, env []string, args ...string) *proc {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatalf("os.Executable: %v", err)
 	}
+	argv := append(append(via[:len(via):len(via)], self), args...)
 	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
-	p := &proc{cmd: exec.CommandContext(ctx, self, args...)}
+	p := &proc{cmd: exec.CommandContext(ctx, argv[0], argv[1:]...)}
 	p.cmd.Env = append(cleanEnv(), asMain+"=1")
 	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr

@@ -119,8 +119,18 @@ func runCommand(args []string, sio stdio) error {
 	}
 
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwardedSignals...)
-	defer signal.Stop(sigs)
+	// A signal ignored at start (nohup, a script's background job) stays
+	// ignored: catching it would let it stop a wait or COMMAND.
+	var caught []os.Signal
+	for _, sig := range forwardedSignals {
+		if !signal.Ignored(sig) {
+			caught = append(caught, sig)
+		}
+	}
+	if len(caught) > 0 {
+		signal.Notify(sigs, caught...)
+		defer signal.Stop(sigs)
+	}
 	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs}
 	return r.run()
 }

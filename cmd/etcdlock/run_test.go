@@ -187,6 +187,29 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 	}
 }
 
+// TestRunIgnoredSignal: a signal ignored when etcdlock starts, as under
+// nohup, does not stop its wait.
+func TestRunIgnoredSignal(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	holder := holdLock(t, cli, name)
+	p := startCLIVia(t, []string{"sh", "-c", `trap '' HUP; exec "$@"`, "sh"}, nil,
+		"run", "--endpoints", srv.Endpoints()[0], name, "--", "true")
+	waitKeys(t, cli, name, 2)
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if keys := lockKeys(t, cli, name); len(keys) != 2 {
+		t.Fatalf("keys after SIGHUP: got %v, want the holder's and the waiting run's", keys)
+	}
+	if err := holder.UnlockContext(t.Context()); err != nil {
+		t.Fatalf("Unlock: got %v, want nil", err)
+	}
+	p.wait(t).want(t, 0)
+}
+
 func TestRunSignalForwarded(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
