@@ -17,9 +17,6 @@ import (
 	"github.com/etcdlock/etcdlock"
 )
 
-// opTimeout bounds etcd calls expected to succeed.
-const opTimeout = 10 * time.Second
-
 // lockName returns a lock name of the test's own.
 func lockName(t *testing.T) string {
 	return "cli-test/" + strings.ReplaceAll(t.Name(), "/", "-")

@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 // of them needs, so that slow machines and -race do not fail the tests.
 const cliTimeout = 60 * time.Second
 
+// opTimeout bounds etcd calls and waits expected to succeed.
+const opTimeout = 10 * time.Second
+
 // result is how an etcdlock process ended.
 type result struct {
 	code   int
