@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -154,6 +155,9 @@ func TestGoroutinesOfOneProcess(t *testing.T) {
 				}
 				if g%2 == 0 { // a nested hold
 					m.Lock()
+					if n := m.HoldCount(); n != 2 {
+						errs <- fmt.Errorf("HoldCount in a nested hold: got %d, want 2", n)
+					}
 					m.Unlock()
 				}
 				counter++

