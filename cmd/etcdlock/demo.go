@@ -18,9 +18,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 )
 
 const (
@@ -31,6 +31,7 @@ const (
 	demoSleep      = 5 * time.Millisecond   // between the counter's read and write
 	demoOpTimeout  = 5 * time.Second        // bound on the demo's own etcd reads
 	demoMinWorkers = 4                      // phase 2 needs a holder and three others
+	demoPrefix     = "etcdlock-demo/"       // every run writes under demoPrefix<random id>/
 )
 
 const demoAbout = `Runs a short, self-checking demo of the etcdlock package. Several workers,
@@ -105,24 +106,32 @@ func demoCommand(args []string, sio stdio) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
-	var cfg clientv3.Config
+	var dial func() (*clientv3.Client, error)
 	var where string
 	if given["endpoints"] {
-		if cfg, err = o.conn.config("demo"); err != nil {
+		cfg, err := o.conn.config("demo")
+		if err != nil {
 			return err
 		}
 		where = "etcd at " + endpointList(cfg)
+		dial = func() (*clientv3.Client, error) { return connect(ctx, cfg, demoPrefix) }
 	} else {
-		em, err := startEmbedded()
+		srv, err := etcdtest.New()
 		if err != nil {
 			return withStatus(exitUnavailable, err)
 		}
-		defer em.close()
-		cfg = clientv3.Config{Endpoints: []string{em.endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
-		where = fmt.Sprintf("embedded etcd at %s, ready in %d ms", em.endpoint, time.Since(start).Milliseconds())
+		defer srv.Close()
+		where = fmt.Sprintf("embedded etcd at %s, ready in %d ms", srv.Endpoints()[0], time.Since(start).Milliseconds())
+		dial = func() (*clientv3.Client, error) {
+			cli, err := srv.NewClient()
+			if err != nil {
+				return nil, withStatus(exitUnavailable, err)
+			}
+			return cli, nil
+		}
 	}
 
-	d, err := newDemo(ctx, cfg, o, sio.out, start)
+	d, err := newDemo(ctx, dial, o, sio.out, start)
 	if err != nil {
 		return err
 	}
@@ -144,7 +153,6 @@ type demo struct {
 	base   string // prefix of every key the demo writes
 	name   string // the lock
 	rounds int
-	cfg    clientv3.Config
 	admin  *clientv3.Client // the operator: reads the keyspace, revokes a lease
 
 	workers []*worker
@@ -174,26 +182,27 @@ type checkResult struct {
 	msg string
 }
 
-func newDemo(ctx context.Context, cfg clientv3.Config, o *demoOptions, out io.Writer, start time.Time) (*demo, error) {
-	base := fmt.Sprintf("etcdlock-demo/%08x", rand.Uint32())
-	d := &demo{out: out, start: start, base: base, name: base + "/lock", rounds: o.rounds, cfg: cfg}
-	admin, err := connect(ctx, cfg, base)
+// newDemo connects the admin and the workers, each with a client of its own
+// from dial, whose errors carry their exit status.
+func newDemo(ctx context.Context, dial func() (*clientv3.Client, error), o *demoOptions, out io.Writer, start time.Time) (*demo, error) {
+	base := fmt.Sprintf("%s%08x", demoPrefix, rand.Uint32())
+	d := &demo{out: out, start: start, base: base, name: base + "/lock", rounds: o.rounds}
+	admin, err := dial()
 	if err != nil {
 		return nil, err
 	}
 	d.admin = admin
 	for i := range o.workers {
 		w := &worker{id: fmt.Sprintf("w%d", i+1)}
-		w.cli, err = clientv3.New(cfg)
-		if err == nil {
-			w.s, err = etcdlock.NewSession(w.cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(ctx))
-			if err != nil {
-				w.cli.Close()
-			}
-		}
-		if err != nil {
+		if w.cli, err = dial(); err != nil {
 			d.close()
-			return nil, unavailable(cfg, err)
+			return nil, err
+		}
+		w.s, err = etcdlock.NewSession(w.cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(ctx))
+		if err != nil {
+			w.cli.Close()
+			d.close()
+			return nil, withStatus(exitUnavailable, fmt.Errorf("%s: new session: %w", w.id, err))
 		}
 		w.m = etcdlock.NewMutex(w.s, d.name)
 		d.workers = append(d.workers, w)
