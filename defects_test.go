@@ -370,6 +370,7 @@ func TestD3CancelAfterApply(t *testing.T) {
 		contended bool // another session holds the lock
 		skip      int  // Txns let through before the cancel
 		lose      bool // the reply is lost
+		release   bool // the holder unlocks once our key is queued
 	}{
 		{name: "LockContext", lose: true},
 		{name: "LockContext reply after cancel"},
@@ -378,15 +379,30 @@ func TestD3CancelAfterApply(t *testing.T) {
 		{name: "TryLockFor no wait", try: true, lose: true},
 		{name: "LockContext queued", contended: true, lose: true},
 		{name: "TryLockFor queued", try: true, wait: 5 * time.Second, contended: true, lose: true},
-		// The wait's first read of the predecessor is a Txn too.
-		{name: "LockContext waiting", contended: true, skip: 1, lose: true},
-		{name: "TryLockFor waiting", try: true, wait: 5 * time.Second, contended: true, skip: 1, lose: true},
+		// The read after the predecessor's delete is a Txn too.
+		{name: "LockContext waiting", contended: true, skip: 1, lose: true, release: true},
+		{name: "TryLockFor waiting", try: true, wait: 5 * time.Second, contended: true, skip: 1, lose: true, release: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := lockName(t)
 			ctx := testContext(t)
 			var holder *etcdlock.Mutex
-			if tc.contended {
+			released := make(chan error, 1)
+			if tc.contended && tc.release {
+				holder = etcdlock.NewMutex(newSession(t, client), name)
+				locked := make(chan error, 1)
+				go func() {
+					if err := holder.LockContext(ctx); err != nil {
+						locked <- err
+						return
+					}
+					locked <- nil
+					released <- unlockWhenQueued(ctx, client, holder, name, 2)
+				}()
+				if err := <-locked; err != nil {
+					t.Fatal(err)
+				}
+			} else if tc.contended {
 				holder = etcdlock.NewMutex(newSession(t, client), name)
 				if err := holder.LockContext(ctx); err != nil {
 					t.Fatal(err)
@@ -419,7 +435,11 @@ func TestD3CancelAfterApply(t *testing.T) {
 			if m.HoldCount() != 0 || m.Token() != 0 {
 				t.Errorf("HoldCount %d, Token %d: want 0, 0", m.HoldCount(), m.Token())
 			}
-			if holder != nil {
+			if tc.release {
+				if err := <-released; err != nil {
+					t.Fatal(err)
+				}
+			} else if holder != nil {
 				if err := holder.UnlockContext(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -1402,3 +1422,22 @@ func (l *v3Lock) Unlock(ctx context.Context) error {
 }
 
 func (l *v3Lock) Key() string { return string(l.key) }
+
+// unlockWhenQueued unlocks holder, held by the calling goroutine, once the
+// lock called name has n keys in etcd.
+func unlockWhenQueued(ctx context.Context, client *clientv3.Client, holder *etcdlock.Mutex, name string, n int64) error {
+	for {
+		resp, err := client.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return err
+		}
+		if resp.Count >= n {
+			return holder.UnlockContext(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

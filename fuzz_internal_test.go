@@ -55,9 +55,10 @@ func FuzzIsLockKey(f *testing.F) {
 
 // FuzzAcquired feeds the parser of the acquire Txn's reply arbitrary replies:
 // a malformed one must be an error, never a panic or a hold. A reply it
-// accepts has both results, our key's revision and an owner no newer than
-// our key.
+// accepts gives our key's revision, and a predecessor only if it is a key of
+// the lock created before ours; a put's reply must name our key first.
 func FuzzAcquired(f *testing.F) {
+	const pfx, key = "l/", "l/a"
 	kv := func(key string, create int64) *mvccpb.KeyValue {
 		return &mvccpb.KeyValue{Key: []byte(key), CreateRevision: create, ModRevision: create}
 	}
@@ -67,16 +68,19 @@ func FuzzAcquired(f *testing.F) {
 	putOp := &pb.ResponseOp{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{}}}
 	for _, resp := range []*pb.TxnResponse{
 		// We put our key and own the lock.
-		{Header: &pb.ResponseHeader{Revision: 10}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv("l/a", 10))}},
+		{Header: &pb.ResponseHeader{Revision: 10}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 10))}},
 		// We put our key behind an older one.
-		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv("l/b", 7))}},
-		// Our key was already there (WithLease), behind an older one.
-		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(kv("l/a", 9)), rangeOp(kv("l/b", 5))}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 7))}},
+		// We put our key; the next newest is a nested lock's key (D11).
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/x/b", 11))}},
+		// Our key was already there (WithLease).
+		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(kv(key, 9))}},
 		// A header and no results, as seen after a healed partition.
 		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true},
 		{},
 		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(), rangeOp()}},
 		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, {}}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv("l/b", 7), kv(key, 12))}},
 	} {
 		data, err := proto.Marshal(resp)
 		if err != nil {
@@ -89,15 +93,33 @@ func FuzzAcquired(f *testing.F) {
 		if err := proto.Unmarshal(data, &resp); err != nil {
 			return
 		}
-		rev, owner, err := acquired((*clientv3.TxnResponse)(&resp))
+		q, err := acquired(pfx, key, (*clientv3.TxnResponse)(&resp))
 		if err != nil {
 			return
 		}
-		if resp.Header == nil || len(resp.Responses) != 2 {
-			t.Fatalf("acquired accepted a reply with header %v and %d results, want an error", resp.Header, len(resp.Responses))
+		if resp.Header == nil {
+			t.Fatalf("acquired accepted a reply without a header, want an error")
 		}
-		if rev <= 0 || owner <= 0 || owner > rev {
-			t.Errorf("acquired(%v) = rev %d, owner %d, nil; want 0 < owner ≤ rev, or an error", &resp, rev, owner)
+		if q.rev <= 0 {
+			t.Errorf("acquired(%v): rev %d, want > 0", &resp, q.rev)
+		}
+		if !resp.Succeeded {
+			if q.known {
+				t.Errorf("acquired(%v): predecessor known from a reply without the put, want unknown", &resp)
+			}
+			return
+		}
+		if q.rev != resp.Header.Revision {
+			t.Errorf("acquired(%v): rev %d, want the put's revision %d", &resp, q.rev, resp.Header.Revision)
+		}
+		if got := resp.Responses[1].GetResponseRange().Kvs[0]; string(got.Key) != key {
+			t.Errorf("acquired(%v) accepted %q as the newest key, want our key %q", &resp, got.Key, key)
+		}
+		if q.known && q.pred != "" {
+			pred := resp.Responses[1].GetResponseRange().Kvs[1]
+			if !isLockKey(pfx, pred.Key) || pred.CreateRevision >= q.rev {
+				t.Errorf("acquired(%v): predecessor %q at %d, want a key of the lock created before %d", &resp, pred.Key, pred.CreateRevision, q.rev)
+			}
 		}
 	})
 }

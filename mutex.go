@@ -273,61 +273,87 @@ func (m *Mutex) lockEtcd(ctx context.Context, try bool) (rev int64, dirty bool, 
 	// a cleanup sent while the Txn is still in flight could be applied first.
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
+	// Our new key is the newest in etcd, so the two newest keys of the
+	// prefix are ours and, usually, our predecessor: no second read.
 	resp, err := c.Txn(rctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)).
 		Then(clientv3.OpPut(m.key, "", clientv3.WithLease(m.s.Lease())),
-			clientv3.OpGet(m.pfx, clientv3.WithFirstCreate()...)).
-		Else(clientv3.OpGet(m.key),
-			clientv3.OpGet(m.pfx, clientv3.WithFirstCreate()...)).
+			clientv3.OpGet(m.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))).
+		Else(clientv3.OpGet(m.key)).
 		Commit()
 	if err != nil {
 		// D3: the Txn may have been applied though the reply was lost.
 		return 0, true, err
 	}
-	rev, owner, err := acquired(resp)
+	q, err := acquired(m.pfx, m.key, resp)
 	if err != nil {
 		return 0, true, err
 	}
 	if err := ctx.Err(); err != nil {
-		return rev, true, err
+		return q.rev, true, err
 	}
-	if owner == rev {
-		return rev, false, nil
+	if !q.known {
+		// Our key was already there (WithLease), or the next key was one of
+		// a lock nested under ours (D11).
+		if q, err = m.predecessor(ctx, q.rev); err != nil {
+			return q.rev, true, err
+		}
+	}
+	if q.pred == "" {
+		return q.rev, false, nil
 	}
 	if try {
-		// The oldest key was deeper than the lock's own keys (D11), or
-		// someone came in between the read and the Txn.
-		pred, err := m.predecessor(ctx, rev)
-		if err == nil && pred != "" {
-			err = errBusy
-		}
-		return rev, err != nil, err
+		return q.rev, true, errBusy
 	}
-	return rev, true, m.waitOwner(ctx, rev)
+	return q.rev, true, m.waitOwner(ctx, q)
 }
 
-// acquired reads the reply of the acquire Txn: our key's create revision and
-// the oldest create revision under the prefix.
-func acquired(resp *clientv3.TxnResponse) (rev, owner int64, err error) {
-	if resp == nil || resp.Header == nil || len(resp.Responses) != 2 {
-		return 0, 0, errMalformed
+// A queuePos is our key's place in the lock's queue, as seen at a revision.
+type queuePos struct {
+	rev   int64  // our key's create revision
+	pred  string // the newest key of the lock created before ours; "": none, we own the lock
+	seen  int64  // the revision at which pred was read
+	known bool   // false: pred is unknown and must be read
+}
+
+// acquired reads the reply of the acquire Txn. A put reply has the two
+// newest keys of the prefix: ours, then maybe our predecessor.
+func acquired(pfx, key string, resp *clientv3.TxnResponse) (queuePos, error) {
+	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 {
+		return queuePos{}, errMalformed
 	}
-	if resp.Succeeded {
-		rev = resp.Header.Revision
-	} else {
-		mine := resp.Responses[0].GetResponseRange()
-		if mine == nil || len(mine.Kvs) != 1 {
-			return 0, 0, errMalformed
-		}
+	if !resp.Succeeded {
 		// Our key was already there: left by an earlier process with this
 		// lease (WithLease). Adopt it, as concurrency.Mutex does.
-		rev = mine.Kvs[0].CreateRevision
+		if len(resp.Responses) != 1 {
+			return queuePos{}, errMalformed
+		}
+		mine := resp.Responses[0].GetResponseRange()
+		if mine == nil || len(mine.Kvs) != 1 || mine.Kvs[0].CreateRevision <= 0 {
+			return queuePos{}, errMalformed
+		}
+		return queuePos{rev: mine.Kvs[0].CreateRevision}, nil
 	}
-	first := resp.Responses[1].GetResponseRange()
-	if first == nil || len(first.Kvs) != 1 {
-		return 0, 0, errMalformed
+	rev := resp.Header.Revision
+	if len(resp.Responses) != 2 {
+		return queuePos{}, errMalformed
 	}
-	return rev, first.Kvs[0].CreateRevision, nil
+	newest := resp.Responses[1].GetResponseRange()
+	if newest == nil || len(newest.Kvs) == 0 || len(newest.Kvs) > 2 ||
+		string(newest.Kvs[0].Key) != key || newest.Kvs[0].CreateRevision != rev {
+		return queuePos{}, errMalformed
+	}
+	q := queuePos{rev: rev, seen: rev, known: true}
+	if len(newest.Kvs) == 2 {
+		next := newest.Kvs[1]
+		if next.CreateRevision >= rev {
+			return queuePos{}, errMalformed
+		}
+		q.pred = string(next.Key)
+		q.known = isLockKey(pfx, next.Key)
+	}
+	return q, nil
 }
 
 // isLockKey reports whether key is a waiter's or holder's key of the lock
@@ -360,11 +386,12 @@ func (m *Mutex) othersHold(ctx context.Context) (bool, error) {
 	}
 }
 
-// predecessor returns the newest key of the lock created before rev, or ""
-// when there is none and the key at rev holds the lock. It fails with
-// errKeyGone if our key at rev is no longer in etcd. It is one linearizable
-// read, and no write.
-func (m *Mutex) predecessor(ctx context.Context, rev int64) (string, error) {
+// predecessor reads our key's place in the queue: the newest key of the lock
+// created before rev, or none when the key at rev holds the lock. It fails
+// with errKeyGone if our key at rev is no longer in etcd. It is one
+// linearizable read, and no write.
+func (m *Mutex) predecessor(ctx context.Context, rev int64) (queuePos, error) {
+	q := queuePos{rev: rev, known: true}
 	maxRev := rev - 1
 	for {
 		resp, err := m.s.client.Txn(ctx).
@@ -373,72 +400,77 @@ func (m *Mutex) predecessor(ctx context.Context, rev int64) (string, error) {
 				clientv3.WithMaxCreateRev(maxRev), clientv3.WithKeysOnly())...)).
 			Commit()
 		if err != nil {
-			return "", err
+			return q, err
 		}
-		if resp == nil {
-			return "", errMalformed
+		if resp == nil || resp.Header == nil {
+			return q, errMalformed
 		}
 		if !resp.Succeeded {
-			return "", errKeyGone
+			return q, errKeyGone
 		}
 		if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
-			return "", errMalformed
+			return q, errMalformed
 		}
+		q.seen = resp.Header.Revision
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
-			return "", nil
+			q.pred = ""
+			return q, nil
 		}
 		if isLockKey(m.pfx, kvs[0].Key) {
-			return string(kvs[0].Key), nil
+			q.pred = string(kvs[0].Key)
+			return q, nil
 		}
 		maxRev = kvs[0].CreateRevision - 1
 	}
 }
 
-// waitOwner waits until our key at rev is the oldest of the lock.
+// waitOwner waits until our key, with predecessor q.pred, is the oldest of
+// the lock.
 //
 // D4: it watches the predecessor from now, not from the revision of the read
 // that found it: a watch that starts behind the server's revision is
-// "unsynced" and served only every 100 ms. Once the watch is created, the
-// predecessor is read again, so a delete between the read and the watch is
-// not missed.
-func (m *Mutex) waitOwner(ctx context.Context, rev int64) error {
-	pred, err := m.predecessor(ctx, rev)
-	for err == nil && pred != "" {
-		var next string
-		next, err = m.waitDelete(ctx, rev, pred)
-		pred = next
+// "unsynced" and served only every 100 ms. If etcd's revision moved between
+// that read and the watch, the predecessor is read again once the watch is
+// created, so a delete in between is not missed.
+func (m *Mutex) waitOwner(ctx context.Context, q queuePos) error {
+	var err error
+	for err == nil && q.pred != "" {
+		q, err = m.waitDelete(ctx, q)
 	}
 	return err
 }
 
-// waitDelete waits until pred is deleted and returns the next predecessor.
-func (m *Mutex) waitDelete(ctx context.Context, rev int64, pred string) (string, error) {
+// waitDelete waits until q.pred is deleted and returns our next place.
+func (m *Mutex) waitDelete(ctx context.Context, q queuePos) (queuePos, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := m.s.client.Watch(wctx, pred, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	wch := m.s.client.Watch(wctx, q.pred, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
 	created := false
 	for {
 		wr, ok := <-wch
 		if !ok {
 			if err := ctx.Err(); err != nil {
-				return "", err
+				return q, err
 			}
-			return "", errors.New("etcdlock: watch closed")
+			return q, errors.New("etcdlock: watch closed")
 		}
 		if err := wr.Err(); err != nil {
-			return "", err
+			return q, err
 		}
 		if wr.Created && !created {
 			created = true
-			again, err := m.predecessor(ctx, rev)
-			if err != nil || again != pred {
-				return again, err
+			// The watch sees every change after wr.Header.Revision.
+			if wr.Header.Revision != q.seen {
+				again, err := m.predecessor(ctx, q.rev)
+				if err != nil || again.pred != q.pred {
+					return again, err
+				}
 			}
 		}
 		for _, ev := range wr.Events {
 			if ev.Type == mvccpb.DELETE {
-				return m.predecessor(ctx, rev)
+				return m.predecessor(ctx, q.rev)
 			}
 		}
 	}
