@@ -15,7 +15,8 @@ package etcdlock_test
 //	handoff-p50-ms, handoff-p99-ms
 //	              from the moment a holder starts its unlock to the moment the next
 //	              holder's lock returns, over the acquisitions that changed holder
-//	max-keys      most keys under the lock's prefix at any one time (from a watch)
+//	max-keys      most keys under the lock's prefix at any one time, replayed
+//	              from etcd's history after the run
 
 import (
 	"context"
@@ -459,77 +460,63 @@ func benchPercentile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// A benchKeyWatch follows the keys under a lock's prefix through a watch,
-// which sees every put and delete in revision order, and remembers the most
-// that existed at once.
+// A benchKeyWatch counts the keys under a lock's prefix over a run. It
+// replays etcd's history of the prefix once the run is over, in revision
+// order, so that no watch adds work to the measured part, and returns the
+// most keys that existed at once.
 type benchKeyWatch struct {
 	client *clientv3.Client
-	end    string // a key nested under the prefix, put to mark the end
-	cancel context.CancelFunc
-	most   chan int
+	pfx    string
+	from   int64 // the revision at the start
+	live   map[string]bool
 }
 
 func benchWatchKeys(b *testing.B, c *clientv3.Client, name string) *benchKeyWatch {
 	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
 	pfx := name + "/"
-	ctx, cancel := context.WithCancel(context.Background())
 	resp, err := c.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		cancel()
 		b.Fatalf("get keys of %q: %v", name, err)
 	}
-	live := make(map[string]bool)
+	w := &benchKeyWatch{client: c, pfx: pfx, from: resp.Header.Revision, live: make(map[string]bool)}
 	for _, kv := range resp.Kvs {
-		live[string(kv.Key)] = true
+		w.live[string(kv.Key)] = true
 	}
-	w := &benchKeyWatch{client: c, end: pfx + "end/", cancel: cancel, most: make(chan int, 1)}
-	wch := c.Watch(ctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	go func() {
-		most := len(live)
-		defer func() { w.most <- most }()
-		for wr := range wch {
-			if wr.Err() != nil {
-				most = -1
-				return
-			}
-			for _, ev := range wr.Events {
-				key := string(ev.Kv.Key)
-				switch {
-				case key == w.end:
-					return
-				case ev.Type == clientv3.EventTypePut:
-					live[key] = true
-				default:
-					delete(live, key)
-				}
-				most = max(most, len(live))
-			}
-		}
-		most = -1
-	}()
-	b.Cleanup(cancel)
 	return w
 }
 
-// stop returns the most keys seen at once, once the watch has seen every
-// change made before the call.
+// stop replays every change under the prefix since the start, up to a mark
+// it puts under the prefix, and returns the most keys seen at once.
 func (w *benchKeyWatch) stop(b *testing.B) int {
 	b.Helper()
-	defer w.cancel()
 	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
 	defer cancel()
-	if _, err := w.client.Put(ctx, w.end, ""); err != nil {
-		b.Fatalf("put %q: %v", w.end, err)
+	end := w.pfx + "end/"
+	if _, err := w.client.Put(ctx, end, ""); err != nil {
+		b.Fatalf("put %q: %v", end, err)
 	}
-	defer func() { _, _ = w.client.Delete(ctx, w.end) }()
-	select {
-	case most := <-w.most:
-		if most < 0 {
-			b.Fatal("the key watch ended early")
+	defer func() { _, _ = w.client.Delete(ctx, end) }()
+	most := len(w.live)
+	wch := w.client.Watch(ctx, w.pfx, clientv3.WithPrefix(), clientv3.WithRev(w.from+1))
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			b.Fatalf("replay of %q: %v", w.pfx, err)
 		}
-		return most
-	case <-ctx.Done():
-		b.Fatal("the key watch did not see the end mark")
-		return 0
+		for _, ev := range wr.Events {
+			key := string(ev.Kv.Key)
+			switch {
+			case key == end:
+				return most
+			case ev.Type == clientv3.EventTypePut:
+				w.live[key] = true
+			default:
+				delete(w.live, key)
+			}
+			most = max(most, len(w.live))
+		}
 	}
+	b.Fatalf("replay of %q: the watch ended before the end mark", w.pfx)
+	return 0
 }
