@@ -220,6 +220,44 @@ func BenchmarkUncontended(b *testing.B) {
 	})
 }
 
+// BenchmarkFencedDelete prices the fence of UnlockContext (D6), without a
+// lock: one op puts a key and deletes it, with a plain Delete as
+// concurrency.Mutex's Unlock does, or with a Txn that deletes the key only if
+// its create revision is the put's, as UnlockContext does.
+func BenchmarkFencedDelete(b *testing.B) {
+	e := startBench(b)
+	c := e.client(b)
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	b.Run("delete", func(b *testing.B) {
+		key := benchName(b)
+		for b.Loop() {
+			if _, err := c.Put(ctx, key, ""); err != nil {
+				b.Fatalf("Put: %v", err)
+			}
+			if _, err := c.Delete(ctx, key); err != nil {
+				b.Fatalf("Delete: %v", err)
+			}
+		}
+	})
+	b.Run("fenced-delete", func(b *testing.B) {
+		key := benchName(b)
+		for b.Loop() {
+			put, err := c.Put(ctx, key, "")
+			if err != nil {
+				b.Fatalf("Put: %v", err)
+			}
+			resp, err := c.Txn(ctx).
+				If(clientv3.Compare(clientv3.CreateRevision(key), "=", put.Header.Revision)).
+				Then(clientv3.OpDelete(key)).
+				Commit()
+			if err != nil || !resp.Succeeded {
+				b.Fatalf("fenced delete: succeeded %v, err %v; want true, nil", resp != nil && resp.Succeeded, err)
+			}
+		}
+	})
+}
+
 // BenchmarkRelock: the goroutine that holds the lock locks it again and
 // unlocks. Upstream has no reentrancy (a second Lock on the same Session
 // returns at once, and one Unlock frees it for everyone), so there is no

@@ -154,6 +154,9 @@ func (r results) print(w io.Writer) {
 	un, uu := r.m("BenchmarkUncontended"+ours, "ns/op"), r.m("BenchmarkUncontended"+up, "ns/op")
 	row("uncontended LockContext + UnlockContext (µs/op)", fmtNum(un/1e3), fmtNum(uu/1e3), ratio(un, uu), "≤ 1.05×", verdict(un <= 1.05*uu, un, uu))
 
+	fd, pd := r.m("BenchmarkFencedDelete/fenced-delete", "ns/op"), r.m("BenchmarkFencedDelete/delete", "ns/op")
+	row("of which: put + fenced delete vs put + plain delete (µs/op)", fmtNum(fd/1e3), fmtNum(pd/1e3), ratio(fd, pd), "(the price of D6)", "–")
+
 	rl := "BenchmarkRelock" + ours
 	rn, rr, ra := r.m(rl, "ns/op"), r.m(rl, "rpcs/op"), r.m(rl, "allocs/op")
 	row("re-lock + unlock by the holder (ns/op, RPCs/op, allocs/op)",
