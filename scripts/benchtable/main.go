@@ -197,23 +197,18 @@ func (r results) print(w io.Writer) {
 	st := r.m("BenchmarkStart", "ms/start-median")
 	row("etcdtest.Start to ready (ms, median)", fmtNum(st), "n/a", "n/a", "≤ 100 ms", verdict(st <= 100, st))
 
-	p("\n### Scaling: sessions (one client each) contending for one lock\n\n")
-	row("sessions", "etcdlock acq/s", "upstream acq/s", "ratio", "etcdlock handoff p50 / p99 ms", "upstream handoff p50 / p99 ms",
-		"etcdlock RPCs / watches per acq", "upstream RPCs / watches per acq")
-	row("---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:")
-	for _, n := range []int{2, 8, 32} {
-		name := fmt.Sprintf("BenchmarkContended/sessions=%d", n)
-		r.scaleRow(row, n, name, true)
+	scaling := func(title, what, bench, extra string, rpcs bool) {
+		p("\n### Scaling: %s\n\n", title)
+		row(what, "etcdlock acq/s", "upstream acq/s", "ratio", "etcdlock handoff p50 / p99 ms", "upstream handoff p50 / p99 ms",
+			"etcdlock "+extra, "upstream "+extra)
+		row("---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:")
+		for _, n := range []int{2, 8, 32} {
+			r.scaleRow(row, n, fmt.Sprintf("%s/%s=%d", bench, what, n), rpcs)
+		}
 	}
-
-	p("\n### Scaling: goroutines of one process on one lock (etcdlock: one Session; upstream: a Session each)\n\n")
-	row("goroutines", "etcdlock acq/s", "upstream acq/s", "ratio", "etcdlock handoff p50 / p99 ms", "upstream handoff p50 / p99 ms",
-		"etcdlock max keys", "upstream max keys")
-	row("---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:")
-	for _, n := range []int{2, 8, 32} {
-		name := fmt.Sprintf("BenchmarkOneProcess/goroutines=%d", n)
-		r.scaleRow(row, n, name, false)
-	}
+	scaling("sessions (one client each) contending for one lock", "sessions", "BenchmarkContended", "RPCs / watches per acq", true)
+	scaling("goroutines of one process on one lock (etcdlock: one Session; upstream: a Session each)",
+		"goroutines", "BenchmarkOneProcess", "max keys", false)
 	p("\nThe same with WithLocalHandoff(8): at most 8 local hand-offs in a row keep the key.\n\n")
 	row("goroutines", "acq/s", "× default etcdlock", "handoff p50 / p99 ms", "writes/op", "max keys")
 	row("---:", "---:", "---:", "---:", "---:", "---:")
