@@ -1169,6 +1169,58 @@ func TestD9LockerTransientFailure(t *testing.T) {
 }
 
 // D11: a lock's name is not a plain prefix: holding "a/b" does not block "a".
+// TestD11SameTxnNestedKey: one Txn creates a key of the lock and a key of a
+// lock nested under it, both at one revision. Skipping the nested key must
+// not skip the lock's key: TryLock, TryLockFor and a waiter all see the
+// holder, and the waiter gets the lock once the holder's key goes.
+func TestD11SameTxnNestedKey(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	lease, err := client.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := fmt.Sprintf("%s/%x", name, int64(lease.ID))
+	// "-" sorts before every hex digit: in a tie on create revision, etcd
+	// lists the nested key first.
+	nested := fmt.Sprintf("%s/-/%x", name, int64(lease.ID))
+	if _, err := client.Txn(ctx).Then(
+		clientv3.OpPut(nested, "", clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(holder, "", clientv3.WithLease(lease.ID)),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	s := newSession(t, client)
+	m := etcdlock.NewMutex(s, name)
+	if m.TryLock() {
+		m.Unlock()
+		t.Fatalf("TryLock while %q holds the lock: got true, want false", holder)
+	}
+	if ok, err := m.TryLockFor(ctx, 300*time.Millisecond); ok || err != nil {
+		if ok {
+			m.Unlock()
+		}
+		t.Fatalf("TryLockFor while %q holds the lock: got %v, %v, want false, nil", holder, ok, err)
+	}
+	w := lockInGoroutine(t, ctx, oursOn(s, name))
+	select {
+	case err := <-w.locked:
+		t.Fatalf("LockContext returned %v while %q holds the lock, want it to wait", err, holder)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := client.Delete(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitErr(t, w.locked); err != nil {
+		t.Fatalf("LockContext after the holder's key was deleted: %v", err)
+	}
+	if err := w.Release(); err != nil {
+		t.Errorf("UnlockContext: %v", err)
+	}
+}
+
 func TestD11NestedNames(t *testing.T) {
 	_, client := startServer(t)
 	for _, tc := range []struct {

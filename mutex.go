@@ -382,6 +382,13 @@ func (m *Mutex) othersHold(ctx context.Context) (bool, error) {
 		if isLockKey(m.pfx, kv.Key) {
 			return string(kv.Key) != m.key, nil
 		}
+		key, err := m.lockKeyAt(ctx, kv.CreateRevision)
+		if err != nil {
+			return false, err
+		}
+		if key != "" {
+			return key != m.key, nil
+		}
 		opts = append(opts, clientv3.WithMinCreateRev(kv.CreateRevision+1))
 	}
 }
@@ -421,8 +428,37 @@ func (m *Mutex) predecessor(ctx context.Context, rev int64) (queuePos, error) {
 			q.pred = string(kvs[0].Key)
 			return q, nil
 		}
+		key, err := m.lockKeyAt(ctx, kvs[0].CreateRevision)
+		if err != nil {
+			return q, err
+		}
+		if key != "" {
+			q.pred = key
+			return q, nil
+		}
 		maxRev = kvs[0].CreateRevision - 1
 	}
+}
+
+// lockKeyAt returns a key of the lock created at revision rev, or "" if
+// every key created then belongs to a nested lock. One Txn can create keys
+// of both, with one revision, so skipping a nested key must not skip its
+// revision (D11).
+func (m *Mutex) lockKeyAt(ctx context.Context, rev int64) (string, error) {
+	resp, err := m.s.client.Get(ctx, m.pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithMinCreateRev(rev), clientv3.WithMaxCreateRev(rev))
+	if err != nil {
+		return "", err
+	}
+	if resp == nil {
+		return "", errMalformed
+	}
+	for _, kv := range resp.Kvs {
+		if isLockKey(m.pfx, kv.Key) {
+			return string(kv.Key), nil
+		}
+	}
+	return "", nil
 }
 
 // waitOwner waits until our key, with predecessor q.pred, is the oldest of
