@@ -67,6 +67,9 @@ func TestChaos(t *testing.T) {
 	r := runChaos(t, cfg)
 	r.log(t)
 	r.checkCounts(t, cfg)
+	if r.notOldest != 0 {
+		t.Errorf("holds whose key was not the oldest of the lock in etcd: got %d, want 0", r.notOldest)
+	}
 	if r.overlapsClean != 0 {
 		t.Errorf("overlapping holds that both ended with a clean unlock: got %d, want 0", r.overlapsClean)
 	}
@@ -123,6 +126,8 @@ type chaosResult struct {
 	overlapsFrozen int64 // of those, with a cut-off holder in the pair
 	overlapsLost   int64 // of those, where a hold of the pair was lost (its unlock said so)
 	overlapsClean  int64 // of those, where both holds ended with a clean unlock: a real violation
+	overlapsUnsure int64 // of those, with no lost hold and an unlock of unknown outcome
+	notOldest      int64 // holds whose key, read in etcd inside the hold, was not the oldest of the lock
 	// Partitions: what the cut-off holder's writes met when it woke.
 	partitionsFenced   int // refused in etcd and in the store
 	partitionsSurvived int // accepted by etcd: the lease outlived the cut (an election renews leases)
@@ -266,6 +271,8 @@ func (r *chaosRun) countOverlaps() {
 			res.overlapsLost++
 		case !a.unknown && !b.unknown:
 			res.overlapsClean++
+		default:
+			res.overlapsUnsure++
 		}
 	}
 }
@@ -643,7 +650,11 @@ func (w *chaosWorker) readEtcd(ctx context.Context, m *etcdlock.Mutex) (int64, b
 	defer cancel()
 	var got *clientv3.GetResponse
 	if r.cfg.fencing {
-		resp, err := w.client.Txn(cctx).If(m.IsOwner()).Then(clientv3.OpGet(r.counter)).Commit()
+		// With the counter, the oldest key of the lock: while our key is
+		// there, it must be the oldest, whatever the unlocks say later.
+		resp, err := w.client.Txn(cctx).If(m.IsOwner()).
+			Then(clientv3.OpGet(r.counter), clientv3.OpGet(r.name+"/", clientv3.WithFirstCreate()...)).
+			Commit()
 		if err != nil {
 			return 0, false
 		}
@@ -651,8 +662,12 @@ func (w *chaosWorker) readEtcd(ctx context.Context, m *etcdlock.Mutex) (int64, b
 			r.add(&r.counts.fencedEtcd, 1)
 			return 0, false
 		}
-		if len(resp.Responses) == 1 {
+		if len(resp.Responses) == 2 {
 			got = (*clientv3.GetResponse)(resp.Responses[0].GetResponseRange())
+			first := resp.Responses[1].GetResponseRange()
+			if first == nil || len(first.Kvs) != 1 || string(first.Kvs[0].Key) != m.Key() {
+				r.add(&r.counts.notOldest, 1)
+			}
 		}
 	} else {
 		resp, err := w.client.Get(cctx, r.counter)
@@ -778,6 +793,8 @@ func (res *chaosResult) log(t *testing.T) {
 	row("fence rejections: etcd (IsOwner) / store (token)", fmt.Sprintf("%d / %d", res.fencedEtcd, res.fencedStore))
 	row("overlaps (pairs of holds): all / cut-off holder / lost hold", fmt.Sprintf("%d / %d / %d", res.overlaps, res.overlapsFrozen, res.overlapsLost))
 	row("overlaps of two holds that both unlocked cleanly", res.overlapsClean)
+	row("overlaps with no lost hold and an unlock of unknown outcome", res.overlapsUnsure)
+	row("holds not the oldest key in etcd, read inside the hold", res.notOldest)
 	row("writes skipped on Mutex.Done / of which still owner", fmt.Sprintf("%d / %d", res.doneSkips, res.doneSpurious))
 	row("cut-off holders whose Done had closed when they woke", res.frozenDone)
 	row("etcd write attempts with unknown outcome (retried)", res.unknownEtcd)
