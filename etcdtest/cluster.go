@@ -103,8 +103,7 @@ func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
 	members := make([]*member, 0, n)
 	abort := func() {
 		for _, m := range members {
-			m.stop(true, false)
-			m.release()
+			m.stop(crash, releasePorts)
 		}
 	}
 	for i := range n {
@@ -251,7 +250,7 @@ func (c *Cluster) member(method string, i int) *member {
 func (c *Cluster) Stop(i int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.member("Stop", i).stop(false, true)
+	c.member("Stop", i).stop(graceful, keepPorts)
 }
 
 // Kill stops member i abruptly, like a crash: raft stops at once, with no
@@ -263,7 +262,7 @@ func (c *Cluster) Stop(i int) {
 func (c *Cluster) Kill(i int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.member("Kill", i).stop(true, true)
+	c.member("Kill", i).stop(crash, keepPorts)
 }
 
 // Restart starts the stopped member i again with its data directory and URLs.
@@ -313,8 +312,7 @@ func (c *Cluster) Close() {
 		var wg sync.WaitGroup
 		for _, m := range c.members {
 			wg.Go(func() {
-				m.stop(true, false)
-				m.release()
+				m.stop(crash, releasePorts)
 			})
 		}
 		wg.Wait()

@@ -147,7 +147,7 @@ func (s *Server) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
 func (s *Server) Close() {
 	s.once.Do(func() {
 		s.owned.closeAll()
-		s.m.stop(false, false)
+		s.m.stop(graceful, releasePorts)
 		if s.removeDir != "" {
 			os.RemoveAll(s.removeDir)
 		}
