@@ -17,7 +17,8 @@
 //	}
 //
 // New starts a single-member server without a testing.TB, for Example
-// functions and programs such as a demo; its caller calls Close.
+// functions and programs such as a demo; its caller calls Close, which stops
+// etcd and removes its data.
 //
 // The members are tuned for tests: a 10 ms heartbeat and a 100 ms election
 // timeout (leases may be as short as 1 s), no fsync, and no logs unless
