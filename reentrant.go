@@ -136,10 +136,10 @@ func (st *lockState) grant(h *hold) {
 type departure int
 
 const (
-	notHolder departure = iota // the goroutine held nothing: ErrNotHeld
-	stillHeld                  // holds remain
-	handedOn                   // the last hold went to a local waiter, key and all
-	mustRelease                // the last hold ended: delete the key, then pass the turn
+	notHolder   departure = iota // the goroutine held nothing: ErrNotHeld
+	stillHeld                    // holds remain
+	handedOn                     // the last hold went to a local waiter, key and all
+	mustRelease                  // the last hold ended: delete the key, then pass the turn
 )
 
 // leave ends one hold of the calling goroutine. When it ends the last one,
