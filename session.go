@@ -21,7 +21,7 @@ const (
 	setupTimeout = 5 * time.Second
 	// revokeTimeout bounds the revoke in Close, so Close returns within 5 s
 	// even when etcd is unreachable.
-	revokeTimeout = 3 * time.Second
+	revokeTimeout = 2 * time.Second
 )
 
 // A Session is one etcd lease, kept alive in the background, shared by every
