@@ -65,15 +65,10 @@ func (m *Mutex) Name() string {
 
 // check returns the error that makes a call on m impossible, if any.
 func (m *Mutex) check(ctx context.Context) error {
-	switch {
-	case m == nil || m.s == nil:
-		return fmt.Errorf("%w: nil Session", ErrInvalidArgument)
-	case ctx == nil:
-		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
-	case m.name == "":
-		return ErrInvalidName
+	if m == nil {
+		return validate(nil, "", ctx)
 	}
-	return nil
+	return validate(m.s, m.name, ctx)
 }
 
 // Lock takes the lock, blocking until it is held. It retries what can be
@@ -81,34 +76,13 @@ func (m *Mutex) check(ctx context.Context) error {
 // lives. It panics only where the lock can never be taken: an expired or
 // closed Session, the empty name, a nil Session. Use LockContext to get
 // those as errors, or to bound the wait.
-func (m *Mutex) Lock() {
-	backoff := 50 * time.Millisecond
-	for {
-		err := m.LockContext(context.Background())
-		if err == nil {
-			return
-		}
-		if errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidArgument) {
-			panic(fmt.Sprintf("etcdlock: Lock of %q: %v (use LockContext to handle this as an error)", m.Name(), err))
-		}
-		select {
-		case <-time.After(backoff):
-		case <-m.s.Done():
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
+func (m *Mutex) Lock() { lockBlocking("Lock", m.Name(), m.session(), m.LockContext) }
 
 // Unlock ends one hold of the calling goroutine. Like sync.Mutex.Unlock, it
 // panics if the goroutine holds nothing; use UnlockContext to get
 // ErrNotHeld instead. Other failures are not reported: the hold ends all the
 // same, and the key is deleted in the background or expires with the lease.
-func (m *Mutex) Unlock() {
-	err := m.UnlockContext(context.Background())
-	if errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidArgument) {
-		panic(fmt.Sprintf("etcdlock: Unlock of %q: %v (use UnlockContext to handle this as an error)", m.Name(), err))
-	}
-}
+func (m *Mutex) Unlock() { unlockOrPanic("Unlock", m.Name(), m.UnlockContext) }
 
 // TryLock takes the lock if it can without waiting for another holder, and
 // reports whether it did. It returns false at once when another goroutine or
@@ -309,6 +283,13 @@ func (m *Mutex) Done() <-chan struct{} {
 		return h.lost(m.s, m.key)
 	}
 	return closed
+}
+
+func (m *Mutex) session() *Session {
+	if m == nil {
+		return nil
+	}
+	return m.s
 }
 
 // lookup returns the lock's record, nil if this process neither holds nor

@@ -232,3 +232,169 @@ func (st *lockState) waiting() int {
 	defer st.mu.Unlock()
 	return len(st.queue)
 }
+
+// rwState is what this process knows of one RWMutex name on one Session: who
+// holds it, per goroutine. Every hold of a goroutine has an etcd key of its
+// own, readers' and writers' alike, so goroutines need no local turn: etcd's
+// queue orders them, as it orders other processes.
+type rwState struct {
+	s    *Session
+	name string
+
+	mu      sync.Mutex
+	retired bool
+	writer  int64             // goroutine id of the write holder; 0 when none
+	write   *rwHold           // the write hold
+	nested  int               // read holds of the writer goroutine: local, no key
+	readers map[int64]*rwHold // read holds, by goroutine
+}
+
+// An rwHold is one goroutine's hold of an RWMutex: its key, the hold, and how
+// many times the goroutine took it.
+type rwHold struct {
+	key   string
+	holds int
+	h     *hold
+}
+
+// state returns the live record of the handle's lock, creating it if create
+// is set; nil if there is none: nothing in this process holds the lock.
+func (rw *RWMutex) state(create bool) *rwState {
+	s := rw.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.rwlocks[rw.name]
+	if st == nil && create {
+		st = &rwState{s: s, name: rw.name, readers: make(map[int64]*rwHold)}
+		s.rwlocks[rw.name] = st
+	}
+	return st
+}
+
+// enter starts an acquisition by the calling goroutine: it reports whether
+// the goroutine took one more hold of a lock it holds already, which needs no
+// key: a re-lock, or a read by the writer. A reader asking to write gets
+// ErrWouldDeadlock: it would wait for itself.
+func (st *rwState) enter(write bool) (bool, error) {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case st.writer == gid && write:
+		st.write.holds++
+	case st.writer == gid:
+		st.nested++
+	case st.readers[gid] != nil && write:
+		return false, ErrWouldDeadlock
+	case st.readers[gid] != nil:
+		st.readers[gid].holds++
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// grant records the hold that the calling goroutine took with the key. It
+// returns false if the record was retired meanwhile: grant on the live one.
+func (st *rwState) grant(write bool, key string, h *hold) bool {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.retired {
+		return false
+	}
+	hold := &rwHold{key: key, holds: 1, h: h}
+	if write {
+		st.writer, st.write = gid, hold
+	} else {
+		st.readers[gid] = hold
+	}
+	return true
+}
+
+// leave ends one hold of the calling goroutine (write or read). When the
+// goroutine's last hold of a key ends, the loss signal closes, and it returns
+// the hold whose key the caller must delete. A writer's key lasts until the
+// writer's nested reads end too: it still excludes everyone meanwhile.
+func (st *rwState) leave(write bool) (departure, *rwHold) {
+	gid := goid.Get()
+	st.mu.Lock()
+	var ended *rwHold
+	switch r := st.readers[gid]; {
+	case st.writer == gid && (write || st.nested > 0):
+		if write {
+			st.write.holds--
+		} else {
+			st.nested--
+		}
+		if st.write.holds == 0 && st.nested == 0 {
+			ended = st.write
+			st.writer, st.write = 0, nil
+		}
+	case write || r == nil:
+		st.mu.Unlock()
+		return notHolder, nil
+	default:
+		r.holds--
+		if r.holds == 0 {
+			ended = r
+			delete(st.readers, gid)
+		}
+	}
+	idle := st.writer == 0 && len(st.readers) == 0
+	st.mu.Unlock()
+	if ended == nil {
+		return stillHeld, nil
+	}
+	ended.h.end()
+	if idle {
+		st.retire()
+	}
+	return mustRelease, ended
+}
+
+// retire removes the record from the Session if nothing holds it.
+func (st *rwState) retire() {
+	s := st.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.writer == 0 && len(st.readers) == 0 && s.rwlocks[st.name] == st {
+		st.retired = true
+		delete(s.rwlocks, st.name)
+	}
+}
+
+// current returns the process's current hold: the write hold, or else the
+// oldest read hold; nil if none.
+func (st *rwState) current() *rwHold {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.write != nil {
+		return st.write
+	}
+	var oldest *rwHold
+	for _, r := range st.readers {
+		if oldest == nil || r.h.rev < oldest.h.rev {
+			oldest = r
+		}
+	}
+	return oldest
+}
+
+// holdCount returns the calling goroutine's holds: write holds and read
+// holds together.
+func (st *rwState) holdCount() int {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n := 0
+	if st.writer == gid {
+		n += st.write.holds + st.nested
+	}
+	if r := st.readers[gid]; r != nil {
+		n += r.holds
+	}
+	return n
+}

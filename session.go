@@ -42,7 +42,9 @@ type Session struct {
 	lastAck atomic.Int64
 
 	mu      sync.Mutex
-	locks   map[string]*lockState // one record per lock name, shared by all handles
+	locks   map[string]*lockState // one record per Mutex name, shared by all handles
+	rwlocks map[string]*rwState   // one record per RWMutex name
+	seq     atomic.Int64          // makes the keys of RWMutex and Semaphore holds unique
 	closing bool                  // no new background work once set
 	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
 
@@ -220,9 +222,13 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		maxHandoffs: o.handoffs,
 		identity:    o.identity,
 		locks:       make(map[string]*lockState),
+		rwlocks:     make(map[string]*rwState),
 		revoked:     make(chan struct{}),
 	}
 	s.lastAck.Store(time.Now().UnixNano())
+	// Keys from an earlier process with the same lease (WithLease) were
+	// numbered from an earlier time: no key of ours can be one of theirs.
+	s.seq.Store(time.Now().UnixNano())
 	s.bg.Go(func() {
 		for range acks {
 			s.lastAck.Store(time.Now().UnixNano())
@@ -350,6 +356,12 @@ func (s *Session) leaseGone() { s.cs.Orphan() }
 func (s *Session) untilSilent() time.Duration {
 	last := time.Unix(0, s.lastAck.Load())
 	return time.Until(last.Add(s.ttl - s.ttl/3))
+}
+
+// uniqueKey returns a new key under pfx for one hold of this Session:
+// <lease ID in hex>-<number>.
+func (s *Session) uniqueKey(pfx string) string {
+	return fmt.Sprintf("%s%x-%x", pfx, s.Lease(), s.seq.Add(1))
 }
 
 // goBackground runs f in a goroutine that Close waits for, unless the

@@ -1,0 +1,46 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The sync.Locker side of Mutex and RWMutex: methods without a context or an
+// error, which block until held and panic where sync.Mutex would, or where
+// the lock can never be taken.
+
+// lockBlocking calls lock until it succeeds, retrying what can be retried
+// (etcd unreachable, a malformed reply) with backoff for as long as the
+// Session lives. It panics, naming the context method, where the lock can
+// never be taken: an ended Session, bad input, or a deadlock on oneself.
+func lockBlocking(method, name string, s *Session, lock func(context.Context) error) {
+	backoff := 50 * time.Millisecond
+	for {
+		err := lock(context.Background())
+		if err == nil {
+			return
+		}
+		if errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrInvalidName) ||
+			errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrWouldDeadlock) {
+			panic(fmt.Sprintf("etcdlock: %s of %q: %v (use %sContext to handle this as an error)", method, name, err, method))
+		}
+		select {
+		case <-time.After(backoff):
+		case <-s.Done():
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// unlockOrPanic calls unlock, and panics, naming the context method, where
+// nothing was held or the input is bad. Other failures are not reported: the
+// hold ends all the same, and its key is deleted in the background or
+// expires with the lease.
+func unlockOrPanic(method, name string, unlock func(context.Context) error) {
+	err := unlock(context.Background())
+	if errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidArgument) {
+		panic(fmt.Sprintf("etcdlock: %s of %q: %v (use %sContext to handle this as an error)", method, name, err, method))
+	}
+}
