@@ -43,7 +43,9 @@ var family = []primitive{
 	{"Semaphore 2", openSemaphore(2), blockSemaphore(2)},
 }
 
-func openMutex(s *etcdlock.Session, name string) famLock { return mutexLock{etcdlock.NewMutex(s, name)} }
+func openMutex(s *etcdlock.Session, name string) famLock {
+	return mutexLock{etcdlock.NewMutex(s, name)}
+}
 func openWriter(s *etcdlock.Session, name string) famLock {
 	return writeLock{etcdlock.NewRWMutex(s, name)}
 }
@@ -557,4 +559,3 @@ func TestFamilyExclusion(t *testing.T) {
 		}
 	})
 }
-
