@@ -93,14 +93,25 @@ func (h *hold) monitor(ctx context.Context, s *Session, key string) {
 // watchLoss watches our key from revision from. It returns 0 when the hold is
 // lost, keep-alives went silent or ctx ended, and the revision to watch from
 // again when the history it needed was compacted.
+//
+// The clock of silence runs from the start: opening a watch can block while
+// etcd is unreachable (the client dials a new stream), which is when the
+// clock matters most. So the watch is opened by a goroutine of its own,
+// which watchLoss waits for before it returns.
 func (h *hold) watchLoss(ctx context.Context, s *Session, key string, from int64) int64 {
 	wctx, cancel := context.WithCancel(ctx)
+	opened := make(chan clientv3.WatchChan, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() { opened <- s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()) })
+	defer wg.Wait()
 	defer cancel()
-	wch := s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut())
+
+	var wch clientv3.WatchChan
 	timer := time.NewTimer(s.untilSilent())
 	defer timer.Stop()
 	for {
 		select {
+		case wch = <-opened:
 		case wr, ok := <-wch:
 			if ok && wr.CompactRevision != 0 {
 				// Read the key instead, and watch again from now.
@@ -120,6 +131,8 @@ func (h *hold) watchLoss(ctx context.Context, s *Session, key string, from int64
 				return 0
 			}
 			timer.Reset(d)
+		case <-ctx.Done():
+			return 0
 		}
 	}
 }

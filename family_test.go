@@ -559,3 +559,40 @@ func TestFamilyExclusion(t *testing.T) {
 		}
 	})
 }
+
+// TestFamilyDoneWhenCutOff (D10): a hold cut off from etcd the moment it is
+// taken, before its loss watch could open, still sees Done close before
+// etcd can expire its lease: within the TTL of the last keep-alive
+// acknowledgement (at 2/3 of it).
+func TestFamilyDoneWhenCutOff(t *testing.T) {
+	srv, client := startServer(t)
+	forFamily(t, func(t *testing.T, p primitive) {
+		t.Parallel()
+		pc, proxy := srv.ProxiedClient(t)
+		defer proxy.Unblackhole() // before the cleanups close the Session
+		const ttl = 3 * time.Second
+		s := aliveSession(t, pc, ttl)
+		lastAck, _ := ackWatch(t, pc, s.Lease())
+		l := p.open(s, lockName(t))
+		hold(t, l)
+		before := lastAck()
+		eventually(t, "a keep-alive acknowledgement", func() bool { return lastAck().After(before) })
+		proxy.Blackhole()
+		deadline := lastAck().Add(ttl)
+		took, ok := closedWithin(l.Done(), 2*ttl)
+		closedAt := time.Now()
+		if !ok {
+			t.Fatalf("Done still open %v after the cut", 2*ttl)
+		}
+		t.Logf("Done closed %v after the cut, %v before the lease could expire (TTL %v)",
+			took.Round(time.Millisecond), deadline.Sub(closedAt).Round(time.Millisecond), ttl)
+		if !closedAt.Before(deadline) {
+			t.Errorf("Done closed %v after the lease could expire, want before", closedAt.Sub(deadline))
+		}
+		if !leaseAlive(t, client, s.Lease()) {
+			t.Error("lease gone when Done closed")
+		}
+		proxy.Unblackhole()
+		_ = l.Unlock(testContext(t))
+	})
+}

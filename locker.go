@@ -16,7 +16,7 @@ import (
 // Session lives. It panics, naming the context method, where the lock can
 // never be taken: an ended Session, bad input, or a deadlock on oneself.
 func lockBlocking(method, name string, s *Session, lock func(context.Context) error) {
-	backoff := 50 * time.Millisecond
+	backoff := newBackoff()
 	for {
 		err := lock(context.Background())
 		if err == nil {
@@ -26,11 +26,8 @@ func lockBlocking(method, name string, s *Session, lock func(context.Context) er
 			errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrWouldDeadlock) {
 			panic(fmt.Sprintf("etcdlock: %s of %q: %v (use %sContext to handle this as an error)", method, name, err, method))
 		}
-		select {
-		case <-time.After(backoff):
-		case <-s.Done():
-		}
-		backoff = min(2*backoff, time.Second)
+		// The Session's end makes the next call fail at once, and panic.
+		_ = backoff.wait(s.cs.Ctx())
 	}
 }
 
@@ -42,5 +39,26 @@ func unlockOrPanic(method, name string, unlock func(context.Context) error) {
 	err := unlock(context.Background())
 	if errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidArgument) {
 		panic(fmt.Sprintf("etcdlock: %s of %q: %v (use %sContext to handle this as an error)", method, name, err, method))
+	}
+}
+
+// A backoff is the pause between two attempts that failed: 50 ms, doubling
+// to 1 s.
+type backoff struct{ d time.Duration }
+
+func newBackoff() *backoff { return &backoff{d: 50 * time.Millisecond} }
+
+func (b *backoff) reset() { b.d = 50 * time.Millisecond }
+
+// wait pauses, or returns ctx.Err() if ctx ends first.
+func (b *backoff) wait(ctx context.Context) error {
+	t := time.NewTimer(b.d)
+	defer t.Stop()
+	b.d = min(2*b.d, time.Second)
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

@@ -131,7 +131,7 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	if m.s.expired() {
 		return false, ErrSessionExpired
 	}
-	st, how, w := m.enter(wait == tryOnly)
+	st, how, w := m.enter(ctx, wait == tryOnly)
 	switch how {
 	case reentered:
 		return true, nil
@@ -160,10 +160,10 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 }
 
 // enter starts an acquisition on the live record of the lock.
-func (m *Mutex) enter(try bool) (*lockState, entry, *waiter) {
+func (m *Mutex) enter(ctx context.Context, try bool) (*lockState, entry, *waiter) {
 	for {
 		st := m.state(true)
-		if how, w, ok := st.enter(try); ok {
+		if how, w, ok := st.enter(ctx, try); ok {
 			return st, how, w
 		}
 	}
@@ -205,7 +205,7 @@ func (m *Mutex) UnlockContext(ctx context.Context) error {
 	if st == nil {
 		return ErrNotHeld
 	}
-	how, h := st.leave()
+	how, h := st.leave(ctx)
 	switch how {
 	case notHolder:
 		return ErrNotHeld

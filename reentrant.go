@@ -26,7 +26,8 @@ type lockState struct {
 	busy     bool      // the turn is taken: by the holder, an acquirer, or a cleanup
 	queue    []*waiter // local goroutines waiting for the turn, oldest first
 	owner    int64     // goroutine id of the holder; 0 when not held
-	holds    int       // how many holds the owner has
+	scopes   []*scope  // the holder's open Do scopes: their goroutines hold too
+	holds    int       // how many holds there are, the scopes' included
 	hold     *hold     // the current hold: its token and loss signal; nil when not held
 	handoffs int       // local hand-offs in a row since the key was put
 }
@@ -35,6 +36,59 @@ type waiter struct {
 	ready   chan struct{} // closed when the turn is handed to this waiter
 	granted bool
 	handed  *hold // the hold itself came with the turn (a local hand-off)
+}
+
+// A scope is the hold of one Do while its f runs: any goroutine whose
+// context carries the scope holds the lock with the goroutine that called
+// Do. It ends when f returns, and with it the holds taken through it; a
+// context kept after that grants nothing.
+type scope struct {
+	holds int // holds taken through the scope by other goroutines; guarded by the record's mu
+}
+
+// scopeKey is the context key of a lock's scope.
+type scopeKey struct {
+	s    *Session
+	name string
+}
+
+// scopeOf returns the open scope ctx carries for the lock, nil if none. st.mu
+// must be held.
+func (st *lockState) scopeOf(ctx context.Context) *scope {
+	sc, _ := ctx.Value(scopeKey{st.s, st.name}).(*scope)
+	if sc == nil || !slices.Contains(st.scopes, sc) {
+		return nil
+	}
+	return sc
+}
+
+// ownHolds returns the holds of the owner goroutine itself. st.mu must be
+// held.
+func (st *lockState) ownHolds() int {
+	n := st.holds
+	for _, sc := range st.scopes {
+		n -= sc.holds
+	}
+	return n
+}
+
+// openScope opens a scope for the calling goroutine's hold and returns a
+// context, derived from ctx, that carries it.
+func (st *lockState) openScope(ctx context.Context) (context.Context, *scope) {
+	sc := &scope{}
+	st.mu.Lock()
+	st.scopes = append(st.scopes, sc)
+	st.mu.Unlock()
+	return context.WithValue(ctx, scopeKey{st.s, st.name}, sc), sc
+}
+
+// closeScope ends sc, and the holds its goroutines still have.
+func (st *lockState) closeScope(sc *scope) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.scopes = slices.DeleteFunc(st.scopes, func(o *scope) bool { return o == sc })
+	st.holds -= sc.holds
+	sc.holds = 0
 }
 
 // An entry is how an acquisition starts in this process.
@@ -73,20 +127,28 @@ func (st *lockState) isRetired() bool {
 	return st.retired
 }
 
-// enter starts an acquisition by the calling goroutine: a re-lock if it holds
-// the lock, else the turn if it is free, else a place in the local queue
-// (none for a try). It returns false if the record was retired meanwhile:
-// fetch the live one and enter again.
-func (st *lockState) enter(try bool) (entry, *waiter, bool) {
+// enter starts an acquisition by the calling goroutine, with ctx: a re-lock
+// if it holds the lock (or ctx carries the holder's scope), else the turn if
+// it is free, else a place in the local queue (none for a try). It returns
+// false if the record was retired meanwhile: fetch the live one and enter
+// again.
+func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	switch {
-	case st.retired:
+	if st.retired {
 		return 0, nil, false
-	case st.owner == gid:
+	}
+	if st.owner != 0 && st.owner == gid {
 		st.holds++
 		return reentered, nil, true
+	}
+	if sc := st.scopeOf(ctx); sc != nil {
+		st.holds++
+		sc.holds++
+		return reentered, nil, true
+	}
+	switch {
 	case !st.busy:
 		st.busy = true
 		return gotTurn, nil, true
@@ -142,15 +204,23 @@ const (
 	mustRelease                  // the last hold ended: delete the key, then pass the turn
 )
 
-// leave ends one hold of the calling goroutine. When it ends the last one,
-// the loss signal closes and, unless the hold is handed to a local waiter
-// (WithLocalHandoff), it returns the ended hold, whose key the caller must
-// delete before it passes the turn on.
-func (st *lockState) leave() (departure, *hold) {
+// leave ends one hold of the calling goroutine, with ctx. When it ends the
+// last one, the loss signal closes and, unless the hold is handed to a local
+// waiter (WithLocalHandoff), it returns the ended hold, whose key the caller
+// must delete before it passes the turn on. While a Do scope is open, its
+// last hold is Do's to end.
+func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.retired || st.owner != gid {
+	switch sc := st.scopeOf(ctx); {
+	case st.retired || st.owner == 0:
+		return notHolder, nil
+	case st.owner == gid && (len(st.scopes) == 0 || st.ownHolds() > 1):
+		// While a scope is open, the owner's last hold is Do's.
+	case st.owner != gid && sc != nil && sc.holds > 0:
+		sc.holds--
+	default:
 		return notHolder, nil
 	}
 	st.holds--
@@ -208,7 +278,8 @@ func (st *lockState) passTurn() {
 	}
 }
 
-// holdCount returns the calling goroutine's holds.
+// holdCount returns the calling goroutine's own holds (not those taken
+// through a Do scope by other goroutines).
 func (st *lockState) holdCount() int {
 	gid := goid.Get()
 	st.mu.Lock()
@@ -216,7 +287,7 @@ func (st *lockState) holdCount() int {
 	if st.owner != gid {
 		return 0
 	}
-	return st.holds
+	return st.ownHolds()
 }
 
 // current returns the process's current hold, nil if none.
