@@ -50,7 +50,12 @@ func TestD6StaleRelease(t *testing.T) {
 		return resp.Kvs[0].CreateRevision
 	}
 
-	deleted, err := m.ticket(old).release(ctx, time.Second)
+	at := func(rev int64) *ticket {
+		t := m.ticket()
+		t.rev = rev
+		return t
+	}
+	deleted, err := at(old).release(ctx, time.Second)
 	if err != nil || deleted {
 		t.Errorf("release fenced on %d of the key created at %d: got %v, %v, want false, nil", old, newer, deleted, err)
 	}
@@ -61,7 +66,7 @@ func TestD6StaleRelease(t *testing.T) {
 	// The background retry, as UnlockContext starts it when etcd does not
 	// confirm the delete.
 	retried := make(chan struct{})
-	m.ticket(old).releaseLater(func() { close(retried) })
+	at(old).releaseLater(func() { close(retried) })
 	select {
 	case <-retried:
 	case <-ctx.Done():
@@ -72,7 +77,7 @@ func TestD6StaleRelease(t *testing.T) {
 	}
 
 	// Fenced on the right revision, the release deletes it.
-	deleted, err = m.ticket(newer).release(ctx, time.Second)
+	deleted, err = at(newer).release(ctx, time.Second)
 	if err != nil || !deleted {
 		t.Errorf("release fenced on %d of the key created at %d: got %v, %v, want true, nil", newer, newer, deleted, err)
 	}

@@ -132,30 +132,38 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 		return false, ErrSessionExpired
 	}
 	st, how, w := m.enter(ctx, wait == tryOnly)
-	switch how {
-	case reentered:
+	if how == reentered {
 		return true, nil
-	case turnBusy:
-		return false, nil
 	}
 
+	a := m.s.startAcquire(KindMutex, m.name)
+	if how == turnBusy {
+		a.end(nil, false, true, wait, nil)
+		return false, nil
+	}
 	opCtx, cancel := m.s.opContext(ctx, wait)
 	defer cancel()
 	if how == queued {
 		h, err := st.awaitTurn(opCtx, w)
 		if h != nil {
 			st.grant(h)
+			a.end(h.t, true, true, wait, nil)
 			return true, nil
 		}
 		if err != nil {
-			return false, m.failed(ctx, opCtx, err)
+			err = m.failed(ctx, opCtx, err)
+			a.end(nil, false, true, wait, err)
+			return false, err
 		}
 	}
-	t := m.ticket(0)
+	t := m.ticket()
 	if err := t.acquire(opCtx, wait, st.passTurn); err != nil {
-		return false, m.failed(ctx, opCtx, err)
+		err = m.failed(ctx, opCtx, err)
+		a.end(t, false, how == queued || t.contended, wait, err)
+		return false, err
 	}
-	st.grant(newHold(t.rev))
+	st.grant(t.newHold())
+	a.end(t, true, how == queued || t.contended, wait, nil)
 	return true, nil
 }
 
@@ -182,10 +190,9 @@ func (m *Mutex) failed(ctx, opCtx context.Context, err error) error {
 	return errorf("lock", m.name, err)
 }
 
-// ticket returns our key in the lock's queue, at revision rev (0: not yet
-// known).
-func (m *Mutex) ticket(rev int64) *ticket {
-	return &ticket{s: m.s, rule: &m.rule, key: m.key, value: m.s.identity, rev: rev}
+// ticket returns our key in the lock's queue, for a new acquisition.
+func (m *Mutex) ticket() *ticket {
+	return &ticket{s: m.s, lock: m.name, kind: KindMutex, rule: &m.rule, key: m.key, value: m.s.identity}
 }
 
 // UnlockContext ends one hold of the calling goroutine. It returns
@@ -212,7 +219,7 @@ func (m *Mutex) UnlockContext(ctx context.Context) error {
 	case stillHeld, handedOn:
 		return nil
 	}
-	err := m.ticket(h.rev).unlock(ctx, st.passTurn)
+	err := h.t.unlock(ctx, h, st.passTurn)
 	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrSessionExpired) {
 		return errorf("unlock", m.name, err)
 	}
@@ -244,7 +251,7 @@ func (m *Mutex) Key() string {
 // highest token it has seen can reject a stale holder's writes.
 func (m *Mutex) Token() int64 {
 	if h := m.current(); h != nil {
-		return h.rev
+		return h.token()
 	}
 	return 0
 }
@@ -280,7 +287,7 @@ func (m *Mutex) IsOwner() clientv3.Cmp {
 // one goroutine per hold, started on the first call to Done.
 func (m *Mutex) Done() <-chan struct{} {
 	if h := m.current(); h != nil {
-		return h.lost(m.s, m.key)
+		return h.lost()
 	}
 	return closed
 }

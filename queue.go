@@ -64,12 +64,15 @@ type rule struct {
 
 // A ticket is one key of ours in a queue, from its enqueue to its release.
 type ticket struct {
-	s     *Session
-	rule  *rule
-	key   string
-	value string
-	rev   int64 // the key's create revision, the fencing token; 0 while unknown
-	dirty bool  // the key may be in etcd
+	s         *Session
+	lock      string // the lock's name, and its kind (KindMutex...), for observers
+	kind      string
+	rule      *rule
+	key       string
+	value     string
+	rev       int64 // the key's create revision, the fencing token; 0 while unknown
+	dirty     bool  // the key may be in etcd
+	contended bool  // the acquisition waited for another holder
 }
 
 // A place is where our key stands in its queue, as read at one revision.
@@ -123,6 +126,7 @@ func (t *ticket) enter(ctx context.Context, wait time.Duration) error {
 			return errBusy
 		}
 		// The place came from the acquire Txn: nobody was behind us.
+		t.contended = true
 		if p, err = t.wait(ctx, p); err != nil {
 			return err
 		}
@@ -502,19 +506,21 @@ func (t *ticket) releaseLater(then func()) {
 	}
 }
 
-// unlock releases a hold's key: it returns nil when it was deleted,
-// ErrSessionExpired or ErrLockLost when it was already gone, and etcd's
-// error when etcd did not confirm the delete; the delete is then retried in
-// the background, and then runs after it. Otherwise then runs before unlock
-// returns.
-func (t *ticket) unlock(ctx context.Context, then func()) error {
+// unlock releases the key of hold h (ended already): it returns nil when it
+// was deleted, ErrSessionExpired or ErrLockLost when it was already gone, and
+// etcd's error when etcd did not confirm the delete; the delete is then
+// retried in the background, and then runs after it. Otherwise then runs
+// before unlock returns.
+func (t *ticket) unlock(ctx context.Context, h *hold, then func()) error {
 	if t.s.expired() {
+		t.released(h, false, nil)
 		if then != nil {
 			then()
 		}
 		return ErrSessionExpired
 	}
 	deleted, err := t.release(ctx, unlockTimeout)
+	t.released(h, deleted, err)
 	if err != nil {
 		t.releaseLater(then)
 		return err

@@ -320,10 +320,9 @@ type rwState struct {
 	readers map[int64]*rwHold // read holds, by goroutine
 }
 
-// An rwHold is one goroutine's hold of an RWMutex: its key, the hold, and how
-// many times the goroutine took it.
+// An rwHold is one goroutine's hold of an RWMutex: the hold of its key, and
+// how many times the goroutine took it.
 type rwHold struct {
-	key   string
 	holds int
 	h     *hold
 }
@@ -365,16 +364,16 @@ func (st *rwState) enter(write bool) (bool, error) {
 	return true, nil
 }
 
-// grant records the hold that the calling goroutine took with the key. It
-// returns false if the record was retired meanwhile: grant on the live one.
-func (st *rwState) grant(write bool, key string, h *hold) bool {
+// grant records the hold that the calling goroutine took. It returns false
+// if the record was retired meanwhile: grant on the live one.
+func (st *rwState) grant(write bool, h *hold) bool {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.retired {
 		return false
 	}
-	hold := &rwHold{key: key, holds: 1, h: h}
+	hold := &rwHold{holds: 1, h: h}
 	if write {
 		st.writer, st.write = gid, hold
 	} else {
@@ -447,7 +446,7 @@ func (st *rwState) current() *rwHold {
 	}
 	var oldest *rwHold
 	for _, r := range st.readers {
-		if oldest == nil || r.h.rev < oldest.h.rev {
+		if oldest == nil || r.h.token() < oldest.h.token() {
 			oldest = r
 		}
 	}

@@ -158,29 +158,33 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 		}
 	}
 
+	t := &ticket{s: rw.s, lock: rw.name, kind: KindRead, rule: &rw.reader, key: rw.s.uniqueKey(rw.name + "/read/"), value: rw.s.identity}
+	if write {
+		t.kind, t.rule, t.key = KindWrite, &rw.writer, rw.s.uniqueKey(rw.name+"/write/")
+	}
+	a := rw.s.startAcquire(t.kind, rw.name)
 	opCtx, cancel := rw.s.opContext(ctx, wait)
 	defer cancel()
-	t := &ticket{s: rw.s, rule: &rw.reader, key: rw.s.uniqueKey(rw.name + "/read/"), value: rw.s.identity}
-	if write {
-		t.rule, t.key = &rw.writer, rw.s.uniqueKey(rw.name+"/write/")
-	}
 	if err := t.acquire(opCtx, wait, nil); err != nil {
 		err = acquireError(ctx, opCtx, rw.s, err)
 		switch {
 		case errors.Is(err, errBusy):
-			return false, nil
+			err = nil
 		case err == ctx.Err() || errors.Is(err, ErrSessionExpired):
-			return false, err
+		default:
+			err = errorf("lock", rw.name, err)
 		}
-		return false, errorf("lock", rw.name, err)
+		a.end(t, false, t.contended, wait, err)
+		return false, err
 	}
-	rw.grant(write, t.key, newHold(t.rev))
+	rw.grant(write, t.newHold())
+	a.end(t, true, t.contended, wait, nil)
 	return true, nil
 }
 
 // grant records the calling goroutine's new hold, on the live record.
-func (rw *RWMutex) grant(write bool, key string, h *hold) {
-	for !rw.state(true).grant(write, key, h) {
+func (rw *RWMutex) grant(write bool, h *hold) {
+	for !rw.state(true).grant(write, h) {
 		// Retired as we looked: the next look creates a new record.
 	}
 }
@@ -212,8 +216,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 	case stillHeld:
 		return nil
 	}
-	t := &ticket{s: rw.s, key: r.key, rev: r.h.rev}
-	err := t.unlock(ctx, nil)
+	err := r.h.t.unlock(ctx, r.h, nil)
 	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrSessionExpired) {
 		return errorf("unlock", rw.name, err)
 	}
@@ -238,7 +241,7 @@ func (rw *RWMutex) HoldCount() int {
 // key.
 func (rw *RWMutex) Token() int64 {
 	if r := rw.current(); r != nil {
-		return r.h.rev
+		return r.h.token()
 	}
 	return 0
 }
@@ -248,7 +251,7 @@ func (rw *RWMutex) Token() int64 {
 // is held.
 func (rw *RWMutex) IsOwner() clientv3.Cmp {
 	if r := rw.current(); r != nil {
-		return ownerCmp(r.key, r.h.rev)
+		return ownerCmp(r.h.t.key, r.h.token())
 	}
 	return ownerCmp("", 0)
 }
@@ -258,7 +261,7 @@ func (rw *RWMutex) IsOwner() clientv3.Cmp {
 // nothing is held.
 func (rw *RWMutex) Done() <-chan struct{} {
 	if r := rw.current(); r != nil {
-		return r.h.lost(rw.s, r.key)
+		return r.h.lost()
 	}
 	return closed
 }

@@ -128,25 +128,31 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	if sem.s.expired() {
 		return nil, ErrSessionExpired
 	}
-	opCtx, cancel := sem.s.opContext(ctx, wait)
-	defer cancel()
 	t := &ticket{
 		s:     sem.s,
+		lock:  sem.name,
+		kind:  KindSemaphore,
 		rule:  &sem.rule,
 		key:   sem.s.uniqueKey(sem.name + "/"),
 		value: semaphoreValue(sem.limit, sem.s.identity),
 	}
+	a := sem.s.startAcquire(KindSemaphore, sem.name)
+	opCtx, cancel := sem.s.opContext(ctx, wait)
+	defer cancel()
 	if err := t.acquire(opCtx, wait, nil); err != nil {
 		err = acquireError(ctx, opCtx, sem.s, err)
 		switch {
 		case errors.Is(err, errBusy):
-			return nil, ErrNoPermit
+			err = ErrNoPermit
 		case err == ctx.Err() || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrLimitMismatch):
-			return nil, err
+		default:
+			err = errorf("acquire", sem.name, err)
 		}
-		return nil, errorf("acquire", sem.name, err)
+		a.end(t, false, t.contended, wait, err)
+		return nil, err
 	}
-	return &Permit{sem: sem, t: t, h: newHold(t.rev)}, nil
+	a.end(t, true, t.contended, wait, nil)
+	return &Permit{sem: sem, h: t.newHold()}, nil
 }
 
 func (sem *Semaphore) check(ctx context.Context) error {
@@ -165,7 +171,6 @@ func (sem *Semaphore) check(ctx context.Context) error {
 // A Permit is one hold of a Semaphore, from Acquire to Release.
 type Permit struct {
 	sem *Semaphore
-	t   *ticket
 	h   *hold
 
 	mu       sync.Mutex
@@ -195,7 +200,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	p.released = true
 	p.mu.Unlock()
 	p.h.end()
-	err := p.t.unlock(ctx, nil)
+	err := p.h.t.unlock(ctx, p.h, nil)
 	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrSessionExpired) {
 		return errorf("release", p.sem.name, err)
 	}
@@ -207,7 +212,7 @@ func (p *Permit) Key() string {
 	if p.Token() == 0 {
 		return ""
 	}
-	return p.t.key
+	return p.h.t.key
 }
 
 // Token returns the permit's fencing token, the create revision of its key,
@@ -221,7 +226,7 @@ func (p *Permit) Token() int64 {
 	if p.released {
 		return 0
 	}
-	return p.t.rev
+	return p.h.token()
 }
 
 // IsOwner returns a comparison for a clientv3 Txn that is true only while
@@ -230,7 +235,7 @@ func (p *Permit) IsOwner() clientv3.Cmp {
 	if p == nil {
 		return ownerCmp("", 0)
 	}
-	return ownerCmp(p.t.key, p.Token())
+	return ownerCmp(p.h.t.key, p.Token())
 }
 
 // Done returns a channel that is closed when the permit is released or
@@ -239,5 +244,5 @@ func (p *Permit) Done() <-chan struct{} {
 	if p == nil {
 		return closed
 	}
-	return p.h.lost(p.sem.s, p.t.key)
+	return p.h.lost()
 }

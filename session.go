@@ -48,6 +48,14 @@ type Session struct {
 	closing bool                  // no new background work once set
 	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
 
+	// Observers (WithObserver, WithLogger): events wait in events for the
+	// delivery goroutine, which stops once stopDelivery is closed.
+	observers    []Observer
+	events       chan Event
+	dropped      atomic.Int64
+	stopDelivery chan struct{}
+	delivery     sync.WaitGroup
+
 	stopRevoke func() bool   // stops the WithContext revoke, if any
 	revoked    chan struct{} // closed when the WithContext revoke has finished
 	revokeErr  error         // the WithContext revoke's result, once revoked is closed
@@ -64,9 +72,10 @@ type sessionOptions struct {
 	ttl      time.Duration
 	lease    clientv3.LeaseID
 	ctx      context.Context
-	handoffs int
-	identity string
-	err      error
+	handoffs  int
+	identity  string
+	observers []Observer
+	err       error
 }
 
 type sessionOptionFunc func(*sessionOptions)
@@ -221,6 +230,7 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		ttl:         time.Duration(ttl) * time.Second,
 		maxHandoffs: o.handoffs,
 		identity:    o.identity,
+		observers:   o.observers,
 		locks:       make(map[string]*lockState),
 		rwlocks:     make(map[string]*rwState),
 		revoked:     make(chan struct{}),
@@ -234,6 +244,12 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 			s.lastAck.Store(time.Now().UnixNano())
 		}
 	})
+	if len(s.observers) > 0 {
+		s.events = make(chan Event, eventBuffer)
+		s.stopDelivery = make(chan struct{})
+		s.delivery.Go(func() { s.deliver(s.stopDelivery) })
+		s.bg.Go(s.probeKeepAlive)
+	}
 	if o.ctx.Done() != nil {
 		s.stopRevoke = context.AfterFunc(o.ctx, func() {
 			defer close(s.revoked)
@@ -289,6 +305,10 @@ func (s *Session) Close() error {
 			s.closeErr = s.revoke(context.Background())
 		}
 		s.bg.Wait()
+		if s.observing() {
+			close(s.stopDelivery)
+			s.delivery.Wait()
+		}
 	})
 	return s.closeErr
 }
@@ -356,6 +376,40 @@ func (s *Session) leaseGone() { s.cs.Orphan() }
 func (s *Session) untilSilent() time.Duration {
 	last := time.Unix(0, s.lastAck.Load())
 	return time.Until(last.Add(s.ttl - s.ttl/3))
+}
+
+// probeKeepAlive measures the keep-alive for the observers: every TTL/3 it
+// renews the lease once more itself, and reports the round trip and the
+// margin the lease had left, as seen from the renewal before.
+func (s *Session) probeKeepAlive() {
+	ctx := s.cs.Ctx()
+	interval := s.ttl / 3
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		last := time.Unix(0, s.lastAck.Load())
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, interval)
+		_, err := s.client.KeepAliveOnce(rctx, s.Lease())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		e := Event{Kind: KeptAlive, Time: now, RTT: now.Sub(start), Margin: last.Add(s.ttl).Sub(now), Err: err}
+		switch {
+		case err == nil:
+			s.lastAck.Store(now.UnixNano())
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.leaseGone()
+		}
+		s.emit(e)
+	}
 }
 
 // uniqueKey returns a new key under pfx for one hold of this Session:
