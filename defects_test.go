@@ -6,260 +6,20 @@ package etcdlock_test
 // test is known to fail on the behaviour it guards against.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
 )
-
-// locker is what the scenarios below need of a lock, so that each runs
-// unchanged on etcdlock.Mutex (ours) and on concurrency.Mutex (upstream).
-type locker interface {
-	Lock(ctx context.Context) error
-	// TryLock reports false, nil when another holder has the lock.
-	TryLock(ctx context.Context) (bool, error)
-	Unlock(ctx context.Context) error
-	// Key is the lock's etcd key, while held.
-	Key() string
-}
-
-// ours is an etcdlock.Mutex as a locker.
-type ours struct{ m *etcdlock.Mutex }
-
-func oursOn(s *etcdlock.Session, name string) ours { return ours{etcdlock.NewMutex(s, name)} }
-
-func (l ours) Lock(ctx context.Context) error            { return l.m.LockContext(ctx) }
-func (l ours) TryLock(ctx context.Context) (bool, error) { return l.m.TryLockFor(ctx, 0) }
-func (l ours) Unlock(ctx context.Context) error          { return l.m.UnlockContext(ctx) }
-func (l ours) Key() string                               { return l.m.Key() }
-
-// oursFor is ours with Lock done by TryLockFor(ctx, wait): a wait that runs
-// out is an error.
-type oursFor struct {
-	ours
-	wait time.Duration
-}
-
-var errWaitRanOut = errors.New("the wait ran out")
-
-func (l oursFor) Lock(ctx context.Context) error {
-	ok, err := l.m.TryLockFor(ctx, l.wait)
-	if err == nil && !ok {
-		return errWaitRanOut
-	}
-	return err
-}
-
-// upstream is a concurrency.Mutex as a locker.
-type upstream struct{ m *concurrency.Mutex }
-
-func upstreamOn(s *concurrency.Session, name string) upstream {
-	return upstream{concurrency.NewMutex(s, name)}
-}
-
-func (l upstream) Lock(ctx context.Context) error   { return l.m.Lock(ctx) }
-func (l upstream) Unlock(ctx context.Context) error { return l.m.Unlock(ctx) }
-func (l upstream) Key() string                      { return l.m.Key() }
-
-func (l upstream) TryLock(ctx context.Context) (bool, error) {
-	err := l.m.TryLock(ctx)
-	if errors.Is(err, concurrency.ErrLocked) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
-// worker locks a lock in a goroutine of its own, and unlocks it there once
-// released, the way a separate worker would.
-type worker struct {
-	locked  chan error // Lock's result
-	release chan struct{}
-	cancel  context.CancelFunc
-	done    chan error // Unlock's result, or nil when Lock failed
-	once    sync.Once
-	err     error
-}
-
-func lockInGoroutine(t *testing.T, ctx context.Context, l locker) *worker {
-	ctx, cancel := context.WithCancel(ctx)
-	w := &worker{
-		locked:  make(chan error, 1),
-		release: make(chan struct{}),
-		cancel:  cancel,
-		done:    make(chan error, 1),
-	}
-	go func() {
-		err := l.Lock(ctx)
-		w.locked <- err
-		if err != nil {
-			w.done <- nil
-			return
-		}
-		<-w.release
-		uctx, ucancel := context.WithTimeout(context.Background(), testTimeout)
-		defer ucancel()
-		w.done <- l.Unlock(uctx)
-	}()
-	t.Cleanup(func() { _ = w.Release() })
-	return w
-}
-
-// Release makes the worker unlock, or give up a Lock still waiting, and
-// returns the Unlock's error.
-func (w *worker) Release() error {
-	w.once.Do(func() {
-		close(w.release)
-		w.cancel()
-		w.err = <-w.done
-	})
-	return w.err
-}
-
-// interceptedClient returns a client of endpoints whose calls go through the
-// given interceptors (nil: none). It is closed by t.Cleanup.
-func interceptedClient(t *testing.T, endpoints []string, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
-	t.Helper()
-	var opts []grpc.DialOption
-	if unary != nil {
-		opts = append(opts, grpc.WithChainUnaryInterceptor(unary))
-	}
-	if stream != nil {
-		opts = append(opts, grpc.WithChainStreamInterceptor(stream))
-	}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: 5 * time.Second,
-		DialOptions: opts,
-		Logger:      zap.NewNop(),
-	})
-	if err != nil {
-		t.Fatalf("new client: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-const txnMethod = "/etcdserverpb.KV/Txn"
-
-// txnFault acts on chosen Txn calls of a client: armed, it lets skip Txns
-// through, then hands the next n to act, which decides whether and how to
-// call etcd. It sits below clientv3's own retry interceptor, so it sees every
-// attempt.
-type txnFault struct {
-	mu    sync.Mutex
-	skip  int
-	n     int
-	act   func(ctx context.Context, invoke func() error) error
-	fired int
-}
-
-func (f *txnFault) arm(skip, n int, act func(ctx context.Context, invoke func() error) error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.skip, f.n, f.act, f.fired = skip, n, act, 0
-}
-
-// count returns how many Txns the armed action acted on.
-func (f *txnFault) count() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.fired
-}
-
-func (f *txnFault) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	invoke := func() error { return invoker(ctx, method, req, reply, cc, opts...) }
-	if method != txnMethod {
-		return invoke()
-	}
-	f.mu.Lock()
-	var act func(context.Context, func() error) error
-	switch {
-	case f.n == 0:
-	case f.skip > 0:
-		f.skip--
-	default:
-		f.n--
-		f.fired++
-		act = f.act
-	}
-	f.mu.Unlock()
-	if act == nil {
-		return invoke()
-	}
-	return act(ctx, invoke)
-}
-
-// cancelAfterApply makes the Txn reach etcd, then cancels the caller's
-// context. With lose, the reply is lost: the call waits until its RPC context
-// ends and fails as a cancelled RPC does, so the caller cannot know that etcd
-// applied it. Without, the reply comes back after the cancel.
-func cancelAfterApply(cancel context.CancelFunc, lose bool) func(context.Context, func() error) error {
-	return func(ctx context.Context, invoke func() error) error {
-		err := invoke()
-		cancel()
-		if err != nil || !lose {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		case <-time.After(testTimeout):
-			return errors.New("test: the RPC context never ended after the caller's was cancelled")
-		}
-	}
-}
-
-// failWith fails the Txn with err without sending it.
-func failWith(err error) func(context.Context, func() error) error {
-	return func(context.Context, func() error) error { return err }
-}
-
-// catchPanic runs f and returns what it panicked with, or nil.
-func catchPanic(f func()) (r any) {
-	defer func() { r = recover() }()
-	f()
-	return nil
-}
-
-// keysOfLease returns the keys under the lock's prefix attached to lease.
-func keysOfLease(t *testing.T, client *clientv3.Client, name string, lease clientv3.LeaseID) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	resp, err := client.Get(ctx, name+"/", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatalf("get keys of %q: %v", name, err)
-	}
-	var keys []string
-	for _, kv := range resp.Kvs {
-		if clientv3.LeaseID(kv.Lease) == lease {
-			keys = append(keys, string(kv.Key))
-		}
-	}
-	return keys
-}
 
 // D1: two handles for the same name on one Session are one lock.
 func TestD1SameNameOneSession(t *testing.T) {
@@ -404,27 +164,25 @@ func TestD3CancelAfterApply(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := lockName(t)
 			ctx := testContext(t)
-			var holder *etcdlock.Mutex
-			released := make(chan error, 1)
-			if tc.contended && tc.release {
-				holder = etcdlock.NewMutex(newSession(t, client), name)
-				locked := make(chan error, 1)
-				go func() {
-					if err := holder.LockContext(ctx); err != nil {
-						locked <- err
-						return
+			var holder *worker
+			var released <-chan error
+			if tc.contended {
+				holder = lockInGoroutine(t, ctx, oursOn(newSession(t, client), name))
+				if err := waitErr(t, holder.locked); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.release {
+				// The holder unlocks once our key is queued behind it.
+				released = result(func() error {
+					if err := waitUntil(ctx, func() bool {
+						kvs, err := queueKeys(ctx, client, name)
+						return err == nil && len(kvs) >= 2
+					}); err != nil {
+						return err
 					}
-					locked <- nil
-					released <- unlockWhenQueued(ctx, client, holder, name, 2)
-				}()
-				if err := <-locked; err != nil {
-					t.Fatal(err)
-				}
-			} else if tc.contended {
-				holder = etcdlock.NewMutex(newSession(t, client), name)
-				if err := holder.LockContext(ctx); err != nil {
-					t.Fatal(err)
-				}
+					return holder.Release()
+				})
 			}
 			s := newSession(t, ic)
 			m := etcdlock.NewMutex(s, name)
@@ -454,11 +212,11 @@ func TestD3CancelAfterApply(t *testing.T) {
 				t.Errorf("HoldCount %d, Token %d: want 0, 0", m.HoldCount(), m.Token())
 			}
 			if tc.release {
-				if err := <-released; err != nil {
+				if err := waitErr(t, released); err != nil {
 					t.Fatal(err)
 				}
 			} else if holder != nil {
-				if err := holder.UnlockContext(ctx); err != nil {
+				if err := holder.Release(); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -543,104 +301,6 @@ func TestD3CancelAfterApply(t *testing.T) {
 	}
 }
 
-// watchCreate is one watch creation seen on a client's watch stream.
-type watchCreate struct {
-	key     string
-	start   int64 // the requested start revision; 0 is "from now"
-	before  int64 // the store's revision, read just before the request was sent
-	created int64 // the header revision of etcd's "created" reply; 0 if none came
-}
-
-// watchRecorder is a stream interceptor that records every watch created on
-// a client, with the store's revision just before, and the leases whose
-// keep-alives etcd acknowledged.
-type watchRecorder struct {
-	rev func() int64
-
-	mu      sync.Mutex
-	creates []*watchCreate
-	acked   map[clientv3.LeaseID]bool
-}
-
-// watching reports whether a watch on key has been created.
-func (r *watchRecorder) watching(key string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range r.creates {
-		if c.key == key && c.created != 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// keptAlive reports whether etcd has acknowledged a keep-alive of lease.
-func (r *watchRecorder) keptAlive(lease clientv3.LeaseID) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.acked[lease]
-}
-
-func (r *watchRecorder) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	cs, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || method != "/etcdserverpb.Watch/Watch" && method != "/etcdserverpb.Lease/LeaseKeepAlive" {
-		return cs, err
-	}
-	return &recordingStream{ClientStream: cs, r: r}, nil
-}
-
-func (r *watchRecorder) list() []watchCreate {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []watchCreate
-	for _, c := range r.creates {
-		out = append(out, *c)
-	}
-	return out
-}
-
-// recordingStream matches creations to their "created" replies in order:
-// clientv3 sends a stream's next creation only once the last one is created.
-type recordingStream struct {
-	grpc.ClientStream
-	r       *watchRecorder
-	pending []*watchCreate
-}
-
-func (s *recordingStream) SendMsg(m any) error {
-	if req, ok := m.(*pb.WatchRequest); ok {
-		if cr := req.GetCreateRequest(); cr != nil {
-			c := &watchCreate{key: string(cr.Key), start: cr.StartRevision, before: s.r.rev()}
-			s.r.mu.Lock()
-			s.r.creates = append(s.r.creates, c)
-			s.pending = append(s.pending, c)
-			s.r.mu.Unlock()
-		}
-	}
-	return s.ClientStream.SendMsg(m)
-}
-
-func (s *recordingStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if resp, ok := m.(*pb.LeaseKeepAliveResponse); ok && err == nil && resp.TTL > 0 {
-		s.r.mu.Lock()
-		if s.r.acked == nil {
-			s.r.acked = make(map[clientv3.LeaseID]bool)
-		}
-		s.r.acked[clientv3.LeaseID(resp.ID)] = true
-		s.r.mu.Unlock()
-	}
-	if resp, ok := m.(*pb.WatchResponse); ok && err == nil && resp.Created && resp.Header != nil {
-		s.r.mu.Lock()
-		if len(s.pending) > 0 {
-			s.pending[0].created = resp.Header.Revision
-			s.pending = s.pending[1:]
-		}
-		s.r.mu.Unlock()
-	}
-	return err
-}
-
 // D4: a contended waiter's watch starts synced: from now, or ahead of the
 // store, never from a revision etcd already has.
 func TestD4SyncedWatch(t *testing.T) {
@@ -649,11 +309,11 @@ func TestD4SyncedWatch(t *testing.T) {
 		// Called on clientv3's goroutine: no t.Fatal here.
 		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 		defer cancel()
-		resp, err := client.Get(ctx, "\x00")
+		rev, err := currentRevision(ctx, client)
 		if err != nil {
 			return -1
 		}
-		return resp.Header.Revision
+		return rev
 	}}
 	wc := interceptedClient(t, srv.Endpoints(), nil, rec.intercept)
 
@@ -1154,17 +814,6 @@ func TestD8WaiterSessionRevoked(t *testing.T) {
 	})
 }
 
-// startClient returns a second client of the server client is connected to.
-func startClient(t *testing.T, client *clientv3.Client) *clientv3.Client {
-	t.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: client.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // D9: Lock (sync.Locker) retries a transient failure instead of panicking.
 func TestD9LockerTransientFailure(t *testing.T) {
 	srv, client := startServer(t)
@@ -1391,230 +1040,14 @@ func TestD11SameNameExcludes(t *testing.T) {
 	}
 }
 
-const v3lockServerEnv = "ETCDLOCK_TEST_V3LOCK_SERVER"
-
-// v3lockServer starts an embedded etcd in a child process and returns a
-// client of it, closed by t.Cleanup. The v3lock service runs on an
-// in-process client that etcd never closes: its lease keep-alive goroutines
-// outlive the server, which goleak would report in this process.
-func v3lockServer(t *testing.T) *clientv3.Client {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), v3lockServerEnv+"=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	endpoint := make(chan string, 1)
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if ep, ok := strings.CutPrefix(sc.Text(), "endpoint "); ok {
-				endpoint <- ep
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = stdin.Close() // the child stops etcd and exits
-		select {
-		case <-drained:
-		case <-time.After(testTimeout):
-			_ = cmd.Process.Kill()
-			<-drained
-		}
-		_ = cmd.Wait()
-	})
-	var ep string
-	select {
-	case ep = <-endpoint:
-	case <-drained:
-		t.Fatalf("etcd child process exited without an endpoint: %s", stderr.String())
-	case <-time.After(testTimeout):
-		t.Fatal("etcd child process gave no endpoint in time")
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-// runV3lockServer is the child process of v3lockServer, run from TestMain:
-// it serves etcd until its stdin closes, then exits before goleak looks at
-// the v3lock service's leftover goroutines.
-func runV3lockServer() {
-	srv, err := etcdtest.New()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fmt.Println("endpoint", srv.Endpoints()[0])
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	srv.Close()
-	os.Exit(0)
-}
-
-// v3Lock is a lock through etcd's v3lock gRPC service, which runs the same
-// algorithm inside the server (`etcdctl lock` runs concurrency.Mutex in the
-// client). Each Lock call gets a lease of its own, revoked when
-// the call fails or the lock is released, so that the server's cleanup of a
-// timed-out call can never remove the key of a later one.
-type v3Lock struct {
-	client *clientv3.Client
-	lc     v3lockpb.LockClient
-	name   string
-	lease  clientv3.LeaseID // of the current hold
-	key    []byte
-}
-
-func newV3Lock(t *testing.T, client *clientv3.Client, name string) *v3Lock {
-	l := &v3Lock{client: client, lc: v3lockpb.NewLockClient(client.ActiveConnection()), name: name}
-	t.Cleanup(func() { l.revoke(l.lease) })
-	return l
-}
-
-func (l *v3Lock) revoke(id clientv3.LeaseID) {
-	if id == clientv3.NoLease {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _ = l.client.Revoke(ctx, id)
-}
-
-func (l *v3Lock) Lock(ctx context.Context) error {
-	grant, err := l.client.Grant(ctx, 30)
-	if err != nil {
-		return err
-	}
-	resp, err := l.lc.Lock(ctx, &v3lockpb.LockRequest{Name: []byte(l.name), Lease: int64(grant.ID)})
-	if err != nil {
-		l.revoke(grant.ID)
-		if code := status.Code(err); (code == codes.DeadlineExceeded || code == codes.Canceled) && ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return err
-	}
-	l.lease, l.key = grant.ID, resp.Key
-	return nil
-}
-
-// TryLock is a Lock with a short deadline: the service has no try.
-func (l *v3Lock) TryLock(ctx context.Context) (bool, error) {
-	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	defer cancel()
-	err := l.Lock(tctx)
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		return false, nil
-	}
-	return err == nil, err
-}
-
-func (l *v3Lock) Unlock(ctx context.Context) error {
-	_, err := l.lc.Unlock(ctx, &v3lockpb.UnlockRequest{Key: l.key})
-	l.revoke(l.lease)
-	l.lease, l.key = clientv3.NoLease, nil
-	return err
-}
-
-func (l *v3Lock) Key() string { return string(l.key) }
-
-// unlockWhenQueued unlocks holder, held by the calling goroutine, once the
-// lock called name has n keys in etcd.
-func unlockWhenQueued(ctx context.Context, client *clientv3.Client, holder *etcdlock.Mutex, name string, n int64) error {
-	for {
-		resp, err := client.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			return err
-		}
-		if resp.Count >= n {
-			return holder.UnlockContext(ctx)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
-// eventDropper swallows, once armed, the first watch response that reports
-// the delete of one key, as etcd's watch bugs have (#17529, #18089, #19179,
-// #20221).
-type eventDropper struct {
-	mu      sync.Mutex
-	key     string
-	dropped int
-}
-
-func (d *eventDropper) arm(key string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.key = key
-}
-
-func (d *eventDropper) count() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.dropped
-}
-
-func (d *eventDropper) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	cs, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || method != "/etcdserverpb.Watch/Watch" {
-		return cs, err
-	}
-	return &droppingStream{ClientStream: cs, d: d}, nil
-}
-
-type droppingStream struct {
-	grpc.ClientStream
-	d *eventDropper
-}
-
-func (s *droppingStream) RecvMsg(m any) error {
-	for {
-		err := s.ClientStream.RecvMsg(m)
-		resp, ok := m.(*pb.WatchResponse)
-		if err != nil || !ok || !s.d.drop(resp) {
-			return err
-		}
-	}
-}
-
-// drop reports whether resp is the armed delete, and disarms.
-func (d *eventDropper) drop(resp *pb.WatchResponse) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, ev := range resp.Events {
-		if d.key != "" && ev.Type == mvccpb.DELETE && string(ev.Kv.Key) == d.key {
-			d.key = ""
-			d.dropped++
-			return true
-		}
-	}
-	return false
-}
-
 // A waiter whose predecessor's delete never arrives (a watch event lost by
 // etcd) still gets the lock, within a TTL of the delete: it reads its place
 // again at least once per TTL.
 func TestLostWatchEvent(t *testing.T) {
 	srv, client := startServer(t)
 	var d eventDropper
-	wc := interceptedClient(t, srv.Endpoints(), nil, d.intercept)
+	rec := &watchRecorder{rev: func() int64 { return 0 }}
+	wc := interceptedClient(t, srv.Endpoints(), nil, chainStreams(rec.intercept, d.intercept))
 	const ttl = 2 * time.Second
 	name := lockName(t)
 
@@ -1625,9 +1058,8 @@ func TestLostWatchEvent(t *testing.T) {
 	s := newSession(t, wc, etcdlock.WithTTL(ttl))
 	m := etcdlock.NewMutex(s, name)
 	w := lockInGoroutine(t, testContext(t), ours{m})
-	eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+	eventually(t, "the waiter's watch on the holder's key", func() bool { return rec.watching(h.Key()) })
 	d.arm(h.Key())
-	time.Sleep(100 * time.Millisecond) // let the waiter's watch be created
 	released := time.Now()
 	if err := h.UnlockContext(testContext(t)); err != nil {
 		t.Fatal(err)

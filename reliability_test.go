@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
@@ -22,67 +21,6 @@ import (
 // doneBound is how soon Mutex.Done must close after our key is deleted or
 // the lease revoked (API.md).
 const doneBound = 2 * time.Second
-
-// isClosed reports whether ch is closed now.
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
-// closedWithin waits up to d for ch to close and returns how long it took.
-func closedWithin(ch <-chan struct{}, d time.Duration) (time.Duration, bool) {
-	start := time.Now()
-	select {
-	case <-ch:
-		return time.Since(start), true
-	case <-time.After(d):
-		return d, false
-	}
-}
-
-// closeTime returns a function that reports when ch closed (zero while open).
-func closeTime(ch <-chan struct{}) func() time.Time {
-	var at atomic.Int64
-	go func() {
-		<-ch
-		at.Store(time.Now().UnixNano())
-	}()
-	return func() time.Time {
-		if n := at.Load(); n != 0 {
-			return time.Unix(0, n)
-		}
-		return time.Time{}
-	}
-}
-
-// leaseAlive reports whether etcd still has the lease, asking through
-// client. A lease past its expiry that etcd has not yet revoked (it looks
-// every 500 ms) is still there, with its keys.
-func leaseAlive(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) bool {
-	t.Helper()
-	_, alive := leaseTTL(t, client, id)
-	return alive
-}
-
-// leaseTTL returns the remaining TTL of the lease in whole seconds, rounded
-// toward zero, as etcd reports it, and whether etcd still has the lease.
-func leaseTTL(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) (int64, bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := client.TimeToLive(ctx, id)
-	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return 0, false
-	case err != nil:
-		t.Fatalf("TimeToLive(%x): got %v, want nil", id, err)
-	}
-	return resp.TTL, resp.TTL >= 0
-}
 
 // serverLease is what polling etcd tells of a lease's expiry. An answer of
 // k whole seconds, asked at start and received at end, means the expiry is
@@ -115,59 +53,6 @@ func (l *serverLease) poll(t *testing.T, client *clientv3.Client) bool {
 		l.expiresBefore = before
 	}
 	return false
-}
-
-// ackWatch records when keep-alive acknowledgements for lease arrive at
-// client: a second keep-alive channel on the same lease sees every reply the
-// session's own channel sees, without an extra RPC. It returns the time of
-// the last one (zero before the first) and a stop function, also called by
-// t.Cleanup. Until stopped, the channel keeps the lease alive too.
-func ackWatch(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) (last func() time.Time, stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	acks, err := client.KeepAlive(ctx, id)
-	if err != nil {
-		cancel()
-		t.Fatalf("KeepAlive(%x): got %v, want nil", id, err)
-	}
-	var at atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for range acks {
-			at.Store(time.Now().UnixNano())
-		}
-	})
-	stop = func() {
-		cancel()
-		wg.Wait()
-	}
-	t.Cleanup(stop)
-	return func() time.Time {
-		if n := at.Load(); n != 0 {
-			return time.Unix(0, n)
-		}
-		return time.Time{}
-	}, stop
-}
-
-// aliveSession makes a Session on client, closed by t.Cleanup, whose lease
-// has had a keep-alive acknowledged. Until the first one, clientv3 gives a
-// lease DialTimeout + 1 s (6 s here), not its TTL, before it stops keeping
-// it alive: cut off at once, a new Session would end after 6 s whatever its
-// TTL.
-func aliveSession(t *testing.T, client *clientv3.Client, ttl time.Duration) *etcdlock.Session {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	resp, err := client.Grant(ctx, int64(ttl/time.Second))
-	if err != nil {
-		t.Fatalf("grant: got %v, want nil", err)
-	}
-	ack, stop := ackWatch(t, client, resp.ID)
-	eventually(t, "the first keep-alive acknowledgement", func() bool { return !ack().IsZero() })
-	s := newSession(t, client, etcdlock.WithLease(resp.ID))
-	stop()
-	return s
 }
 
 func TestDoneNotHeld(t *testing.T) {

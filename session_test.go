@@ -3,7 +3,6 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -209,23 +208,6 @@ func TestSessionRevokedElsewhere(t *testing.T) {
 	if err := m.LockContext(ctx); !errors.Is(err, etcdlock.ErrSessionExpired) {
 		t.Errorf("LockContext = %v, want ErrSessionExpired", err)
 	}
-}
-
-// assertPanics checks that f panics with a message containing want.
-func assertPanics(t *testing.T, what, want string, f func()) {
-	t.Helper()
-	defer func() {
-		t.Helper()
-		r := recover()
-		if r == nil {
-			t.Errorf("%s did not panic", what)
-			return
-		}
-		if msg, ok := r.(string); !ok || !strings.Contains(msg, want) {
-			t.Errorf("%s panicked with %v, want a message naming %s", what, r, want)
-		}
-	}()
-	f()
 }
 
 // TestSessionCloseAfterCancel: with etcd unreachable, Close racing the
