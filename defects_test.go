@@ -1,15 +1,17 @@
 package etcdlock_test
 
-// One test per upstream defect of DESIGN.md §2. Each runs the same scenario
-// on etcdlock.Mutex and on concurrency.Mutex (client/v3 v3.7.3), and checks
-// both that ours behaves and that upstream shows the defect, so that each
-// test is known to fail on the behaviour it guards against.
+// The upstream defects of DESIGN.md §2, D1 to D11. Each defect's test runs
+// the same scenario on etcdlock.Mutex and on concurrency.Mutex (client/v3
+// v3.7.3), and checks both that ours behaves and that upstream shows the
+// defect, so that each test is known to fail on the behaviour it guards
+// against. TestD6StaleRelease drives our fenced delete directly.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -532,6 +534,73 @@ func TestD6FencedUnlock(t *testing.T) {
 	})
 }
 
+// D6, the release itself: a delete fenced on an older create revision,
+// direct or retried in the background, never deletes a newer key of the
+// same name; fenced on the right one, it does.
+func TestD6StaleRelease(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	s := newSession(t, client)
+	name := lockName(t)
+	key := keyOf(name, s.Lease())
+	m := etcdlock.NewMutex(s, name)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := m.Token()
+	// Someone deletes our key, and a newer hold of the same name (same
+	// lease) is written.
+	if _, err := client.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	put, err := client.Put(ctx, key, "", clientv3.WithLease(s.Lease()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := put.Header.Revision
+	// keyRev returns the create revision of our key, 0 if it is gone.
+	keyRev := func() int64 {
+		resp, err := client.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return 0
+		}
+		return resp.Kvs[0].CreateRevision
+	}
+
+	deleted, err := etcdlock.ReleaseFenced(ctx, m, old)
+	if err != nil || deleted {
+		t.Errorf("release fenced on %d of the key created at %d: got %v, %v, want false, nil", old, newer, deleted, err)
+	}
+	if got := keyRev(); got != newer {
+		t.Fatalf("key after the stale release: got create revision %d, want %d (intact)", got, newer)
+	}
+
+	// The background retry, as UnlockContext starts it when etcd does not
+	// confirm the delete.
+	retried := make(chan struct{})
+	etcdlock.ReleaseLater(m, old, func() { close(retried) })
+	select {
+	case <-retried:
+	case <-ctx.Done():
+		t.Fatal("the background retry did not end")
+	}
+	if got := keyRev(); got != newer {
+		t.Fatalf("key after the stale background retry: got create revision %d, want %d (intact)", got, newer)
+	}
+
+	// Fenced on the right revision, the release deletes it.
+	deleted, err = etcdlock.ReleaseFenced(ctx, m, newer)
+	if err != nil || !deleted {
+		t.Errorf("release fenced on %d of the key created at %d: got %v, %v, want true, nil", newer, newer, deleted, err)
+	}
+	if got := keyRev(); got != 0 {
+		t.Errorf("key after the release: got create revision %d, want deleted", got)
+	}
+}
+
 // D7: cleanup is bounded while etcd is unreachable, and finishes once it is
 // back.
 func TestD7BoundedCleanup(t *testing.T) {
@@ -873,7 +942,141 @@ func TestD9LockerTransientFailure(t *testing.T) {
 	})
 }
 
-// D11: a lock's name is not a plain prefix: holding "a/b" does not block "a".
+// serverLease is what polling etcd tells of a lease's expiry. An answer of
+// k whole seconds, asked at start and received at end, means the expiry is
+// in [start + k s, end + (k+1) s); not found means etcd has revoked it.
+type serverLease struct {
+	id            clientv3.LeaseID
+	expiresAfter  time.Time // the server cannot expire the lease before this
+	expiresBefore time.Time // the lease's expiry had passed by this (zero: not yet seen)
+	goneAt        time.Time // first answer "not found" (zero: not yet)
+}
+
+// poll asks etcd once, unless the lease is already known to be gone, and
+// reports whether it is.
+func (l *serverLease) poll(t *testing.T, client *clientv3.Client) bool {
+	t.Helper()
+	if !l.goneAt.IsZero() {
+		return true
+	}
+	start := time.Now()
+	ttl, alive := leaseTTL(t, client, l.id)
+	end := time.Now()
+	if !alive {
+		l.goneAt = end
+		return true
+	}
+	if after := start.Add(time.Duration(ttl) * time.Second); after.After(l.expiresAfter) {
+		l.expiresAfter = after
+	}
+	if before := end.Add(time.Duration(ttl+1) * time.Second); l.expiresBefore.IsZero() || before.Before(l.expiresBefore) {
+		l.expiresBefore = before
+	}
+	return false
+}
+
+// D10: the loss signal comes before the lease can expire.
+// TestDoneBeforeLeaseExpiry cuts a client off from etcd (its proxy drops all
+// traffic) while it holds a lock, and checks the order of events: Mutex.Done
+// closes while the server still has the lease, before a waiter elsewhere
+// gets the lock. In the same blackhole, an upstream concurrency.Session on
+// the same client shows D10: its Done closes only once the lease's TTL has
+// run out on the server since its last renewal, so the lease may already be
+// gone.
+func TestDoneBeforeLeaseExpiry(t *testing.T) {
+	const ttl = 2 * time.Second
+	srv := etcdtest.Start(t)
+	healthy := srv.Client(t)
+	pc, proxy := srv.ProxiedClient(t)
+	defer proxy.Unblackhole() // before the cleanups close the Sessions
+	ctx := testContext(t)
+	name := lockName(t)
+
+	s := aliveSession(t, pc, ttl)
+	ourAck, _ := ackWatch(t, pc, s.Lease())
+	m := etcdlock.NewMutex(s, name)
+	m.Lock()
+	d := m.Done()
+	up := newUpstreamSession(t, pc, int(ttl/time.Second))
+	upAck, _ := ackWatch(t, pc, up.Lease())
+
+	waiter := etcdlock.NewMutex(newSession(t, healthy, etcdlock.WithTTL(30*time.Second)), name)
+	var acquiredAt atomic.Int64
+	waited := result(func() error {
+		if err := waiter.LockContext(ctx); err != nil {
+			return err
+		}
+		acquiredAt.Store(time.Now().UnixNano())
+		return waiter.UnlockContext(ctx)
+	})
+	eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, healthy, name)) == 2 })
+
+	// Start right after an acknowledgement, so that the cut is not
+	// mistaken for a late reply.
+	before := ourAck()
+	eventually(t, "keep-alive acknowledgements", func() bool { return ourAck().After(before) && !upAck().IsZero() })
+	proxy.Blackhole()
+	cut := time.Now()
+	doneAt, upDoneAt := closeTime(d), closeTime(up.Done())
+
+	ours, theirs := &serverLease{id: s.Lease()}, &serverLease{id: up.Lease()}
+	deadline := time.Now().Add(3 * ttl)
+	for {
+		oursGone, theirsGone := ours.poll(t, healthy), theirs.poll(t, healthy)
+		if oursGone && theirsGone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leases still on the server %v after the cut", 3*ttl)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := waitErr(t, waited); err != nil {
+		t.Fatalf("waiter: got %v, want nil", err)
+	}
+	eventually(t, "upstream Session.Done", func() bool { return !upDoneAt().IsZero() })
+
+	since := func(at time.Time) time.Duration { return at.Sub(cut).Round(time.Millisecond) }
+	acquired := time.Unix(0, acquiredAt.Load())
+	t.Logf("events after the cut (TTL %v), in ms:", ttl)
+	t.Logf("  %-40s %9s %9s", "", "etcdlock", "upstream")
+	row := func(what string, a, b time.Time) {
+		t.Logf("  %-40s %9d %9d", what, since(a).Milliseconds(), since(b).Milliseconds())
+	}
+	row("last keep-alive ack", ourAck(), upAck())
+	row("server may expire the lease from", ours.expiresAfter, theirs.expiresAfter)
+	row("server lease expired by", ours.expiresBefore, theirs.expiresBefore)
+	row("server revoked the lease", ours.goneAt, theirs.goneAt)
+	row("Mutex.Done / Session.Done closed", doneAt(), upDoneAt())
+	t.Logf("  %-40s %9d", "waiter elsewhere acquired the lock", since(acquired).Milliseconds())
+
+	switch {
+	case doneAt().IsZero():
+		t.Errorf("Mutex.Done: got open after the lease expired, want closed before")
+	case !doneAt().Before(ours.expiresAfter):
+		t.Errorf("Mutex.Done closed %v after the server could expire the lease, want before", doneAt().Sub(ours.expiresAfter))
+	case !doneAt().Before(acquired):
+		t.Errorf("Mutex.Done closed %v after the waiter acquired, want before", doneAt().Sub(acquired))
+	default:
+		t.Logf("Mutex.Done closed %v before the server could expire the lease", ours.expiresAfter.Sub(doneAt()).Round(time.Millisecond))
+	}
+	// D10. The server renewed the upstream lease before it acknowledged
+	// the renewal, so from ack + TTL on, etcd may expire the lease; 50 ms
+	// allows for this test's goroutine seeing the ack after the lessor did.
+	if early := upAck().Add(ttl - 50*time.Millisecond); upDoneAt().Before(early) || upDoneAt().Before(theirs.expiresAfter) {
+		t.Errorf("upstream Session.Done closed %v after its last ack, before the server could expire the lease; want at or after (D10)",
+			upDoneAt().Sub(upAck()))
+	}
+	if upDoneAt().After(theirs.expiresBefore) {
+		t.Logf("upstream Session.Done closed %v after the lease had expired on the server (D10)", upDoneAt().Sub(theirs.expiresBefore).Round(time.Millisecond))
+	}
+
+	proxy.Unblackhole()
+	if err := m.UnlockContext(ctx); err == nil {
+		t.Error("UnlockContext of the expired hold: got nil, want ErrSessionExpired or ErrLockLost")
+	}
+}
+
 // TestD11SameTxnNestedKey: one Txn creates a key of the lock and a key of a
 // lock nested under it, both at one revision. Skipping the nested key must
 // not skip the lock's key: TryLock, TryLockFor and a waiter all see the
@@ -926,6 +1129,7 @@ func TestD11SameTxnNestedKey(t *testing.T) {
 	}
 }
 
+// D11: a lock's name is not a plain prefix: holding "a/b" does not block "a".
 func TestD11NestedNames(t *testing.T) {
 	_, client := startServer(t)
 	for _, tc := range []struct {
@@ -1037,44 +1241,5 @@ func TestD11SameNameExcludes(t *testing.T) {
 				t.Errorf("keys at the end: got %q, want none", keys)
 			}
 		})
-	}
-}
-
-// A waiter whose predecessor's delete never arrives (a watch event lost by
-// etcd) still gets the lock, within a TTL of the delete: it reads its place
-// again at least once per TTL.
-func TestLostWatchEvent(t *testing.T) {
-	srv, client := startServer(t)
-	var d eventDropper
-	rec := &watchRecorder{rev: func() int64 { return 0 }}
-	wc := interceptedClient(t, srv.Endpoints(), nil, chainStreams(rec.intercept, d.intercept))
-	const ttl = 2 * time.Second
-	name := lockName(t)
-
-	h := etcdlock.NewMutex(newSession(t, client), name)
-	if err := h.LockContext(testContext(t)); err != nil {
-		t.Fatal(err)
-	}
-	s := newSession(t, wc, etcdlock.WithTTL(ttl))
-	m := etcdlock.NewMutex(s, name)
-	w := lockInGoroutine(t, testContext(t), ours{m})
-	eventually(t, "the waiter's watch on the holder's key", func() bool { return rec.watching(h.Key()) })
-	d.arm(h.Key())
-	released := time.Now()
-	if err := h.UnlockContext(testContext(t)); err != nil {
-		t.Fatal(err)
-	}
-	// The promise is one TTL; allow twice TTL + 1 s on a loaded machine.
-	select {
-	case err := <-w.locked:
-		if err != nil {
-			t.Fatalf("waiter: got %v, want the lock", err)
-		}
-		t.Logf("waiter got the lock %v after the lost delete (TTL %v)", time.Since(released), ttl)
-	case <-time.After(2 * (ttl + time.Second)):
-		t.Fatalf("waiter still waiting %v after its predecessor's delete was lost, want the lock within TTL (%v)", 2*(ttl+time.Second), ttl)
-	}
-	if n := d.count(); n != 1 {
-		t.Errorf("delete events swallowed: got %d, want 1 (the test did not lose the event)", n)
 	}
 }

@@ -1,5 +1,7 @@
 package etcdlock
 
+import "context"
+
 // Queued returns how many goroutines of this process wait for their turn on
 // the lock name of s.
 func Queued(s *Session, name string) int {
@@ -10,4 +12,17 @@ func Queued(s *Session, name string) int {
 		return 0
 	}
 	return st.waiting()
+}
+
+// ReleaseFenced deletes m's key if its create revision is rev, as the
+// release of the hold with token rev does, and reports whether it deleted a
+// key.
+func ReleaseFenced(ctx context.Context, m *Mutex, rev int64) (bool, error) {
+	return m.ticket(rev).release(ctx, unlockTimeout)
+}
+
+// ReleaseLater starts the background retry of that delete, as an unlock
+// that etcd did not confirm does; then runs when the retry ends.
+func ReleaseLater(m *Mutex, rev int64, then func()) {
+	m.ticket(rev).releaseLater(then)
 }
