@@ -10,7 +10,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,24 +65,37 @@ func TestLockContextCancelledWhileWaiting(t *testing.T) {
 	}
 }
 
-// randomDeadline returns a deadline between 0 and 3 ms: short enough to end
-// a call at any point of its round trips to etcd.
-func randomDeadline() time.Duration {
-	return time.Duration(rand.Int64N(int64(3*time.Millisecond) + 1))
+// upTo returns a random duration from 0 to limit, in whole microseconds:
+// short enough, for a few ms, to end a call at any point of its round trips
+// to etcd.
+func upTo(rng *rand.Rand, limit time.Duration) time.Duration {
+	return time.Duration(rng.Int64N(int64(limit/time.Microsecond)+1)) * time.Microsecond
+}
+
+// newRand returns a random source seeded from the clock, and logs the seed.
+func newRand(t *testing.T) (*rand.Rand, uint64) {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	return rand.New(rand.NewPCG(seed, 0)), seed
 }
 
 // putRecorder records the revisions at which key was put, from a watch
 // opened before the first put.
 type putRecorder struct {
 	mu   sync.Mutex
-	revs []int64
-	last int64 // the highest header revision the watch has reported
+	revs []int64 // increasing
+	last int64   // the highest header revision the watch has reported
 }
 
-func recordPuts(ctx context.Context, client *clientv3.Client, key string, from int64) *putRecorder {
+// recordPuts starts recording the puts of key from revision from, until
+// ctx ends or the test does.
+func recordPuts(t *testing.T, ctx context.Context, client *clientv3.Client, key string, from int64) *putRecorder {
+	ctx, cancel := context.WithCancel(ctx)
 	r := &putRecorder{}
 	wch := client.Watch(ctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete())
-	go func() {
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		for wr := range wch {
 			r.mu.Lock()
 			for _, ev := range wr.Events {
@@ -92,20 +104,22 @@ func recordPuts(ctx context.Context, client *clientv3.Client, key string, from i
 			r.last = max(r.last, wr.Header.Revision)
 			r.mu.Unlock()
 		}
-	}()
+	})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
 	return r
 }
 
-// sync waits until the watch has reported everything up to etcd's current
-// revision.
-func (r *putRecorder) sync(t *testing.T, ctx context.Context, client *clientv3.Client) {
+// sync waits until the watch has reported everything up to revision rev.
+func (r *putRecorder) sync(t *testing.T, ctx context.Context, client *clientv3.Client, rev int64) {
 	t.Helper()
-	now := revision(t, client)
 	eventually(t, "the watch to catch up", func() bool {
 		r.mu.Lock()
 		last := r.last
 		r.mu.Unlock()
-		if last >= now {
+		if last >= rev {
 			return true
 		}
 		_ = client.RequestProgress(ctx)
@@ -117,131 +131,170 @@ func (r *putRecorder) sync(t *testing.T, ctx context.Context, client *clientv3.C
 func (r *putRecorder) putsIn(from, to int64) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
-	for _, rev := range r.revs {
-		if rev > from && rev <= to {
-			n++
-		}
-	}
-	return n
+	lo, _ := slices.BinarySearch(r.revs, from+1)
+	hi, _ := slices.BinarySearch(r.revs, to+1)
+	return hi - lo
 }
 
-// startContender makes another session take and release the lock in a loop, until
-// the returned function is called.
-func startContender(t *testing.T, client *clientv3.Client, name string) (stop func()) {
-	m := etcdlock.NewMutex(newSession(t, client), name)
-	ctx, cancel := context.WithCancel(testContext(t))
+// startContender makes another Session, on a client of its own, take the
+// lock for 0–3 ms at a time in a loop, until the returned function is
+// called; that returns how many times it held the lock.
+func startContender(t *testing.T, ctx context.Context, client *clientv3.Client, name string, seed uint64) (stop func() int) {
+	m := etcdlock.NewMutex(newSession(t, startClient(t, client)), name)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	ctx, cancel := context.WithCancel(ctx)
+	holds := 0
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			if err := m.LockContext(ctx); err != nil {
-				continue
-			}
-			time.Sleep(randomDeadline() / 2)
-			if err := m.UnlockContext(ctx); err != nil {
-				t.Errorf("contender's UnlockContext: %v", err)
+				if ctx.Err() == nil {
+					t.Errorf("contender's LockContext: got %v, want nil", err)
+				}
 				return
 			}
-			time.Sleep(randomDeadline() / 2)
+			holds++
+			time.Sleep(upTo(rng, 3*time.Millisecond))
+			if err := m.UnlockContext(ctx); err != nil {
+				t.Errorf("contender's UnlockContext: got %v, want nil", err)
+				return
+			}
+			time.Sleep(upTo(rng, time.Millisecond))
 		}
 	})
-	return func() {
+	return func() int {
 		cancel()
 		wg.Wait()
+		return holds
 	}
 }
 
-// TestCancelRandom (D3): hundreds of LockContext and TryLockFor calls with
-// deadlines of 0-3 ms, alone and against another session that takes and
-// releases the lock. After every call that returns without the lock, no key
-// of the session is left in etcd, whenever the deadline struck; in
-// particular after etcd applied the put but before the reply came back.
+// TestCancelRandom (D3): LockContext and TryLockFor calls ended at random
+// points, by a deadline or a cancel 0–5 ms into the call, alone in the first
+// half and against another Session that takes and releases the lock in the
+// second. After every call that returns without the lock, no key of the
+// Session is left in etcd, whenever the call ended; in particular after
+// etcd applied the put but before the reply came back. A call that holds
+// has put its key exactly once. It makes 600 calls; ETCDLOCK_SOAK=1 makes
+// 10,000.
+//
+// The acquire Txn is observed through a watch on our key: a call that
+// failed, yet whose key etcd had put, was cancelled after etcd applied the
+// Txn (mid-RPC, or while waiting) and had to clean up.
 func TestCancelRandom(t *testing.T) {
-	const iterations = 600 // the second half against a contender
+	calls, ctx := 600, testContext(t)
+	if os.Getenv("ETCDLOCK_SOAK") == "1" {
+		calls = 10000
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Minute)
+		defer cancel()
+	}
 	_, client := startServer(t)
-	ctx := testContext(t)
 	name := lockName(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, name)
+	rng, seed := newRand(t)
+	from := revision(t, client)
+	puts := recordPuts(t, ctx, client, keyOf(name, s.Lease()), from+1)
 
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	puts := recordPuts(wctx, client, keyOf(name, s.Lease()), revision(t, client)+1)
-
-	// The revisions (from, to] of each call that failed, by phase.
-	type span struct{ from, to int64 }
-	var (
-		held    [2]int
-		failed  [2][]span
-		stop    = func() {}
-		prev    = revision(t, client)
-		started = time.Now()
-	)
-	for i := range iterations {
-		phase := 0
-		if i >= iterations/2 {
-			phase = 1
-			if i == iterations/2 {
-				stop = startContender(t, client, name)
-			}
+	// Each call's revisions (from, to], around the call and its unlock.
+	type span struct {
+		from, to  int64
+		held      bool
+		contended bool
+	}
+	spans := make([]span, 0, calls)
+	var held, ranOut, cancelled int
+	stopContender := func() int { return 0 }
+	began := time.Now()
+	for i := range calls {
+		contended := i >= calls/2
+		if i == calls/2 {
+			stopContender = startContender(t, ctx, client, name, seed)
 		}
-		d := randomDeadline()
-		cctx, cancel := context.WithTimeout(ctx, d)
-		var (
-			ok   bool
-			err  error
-			call string
-		)
-		if i%2 == 0 {
-			call = "LockContext"
+		d := upTo(rng, 5*time.Millisecond)
+		var cctx context.Context
+		var cancel context.CancelFunc
+		ends, stopTimer := "deadline", func() bool { return false }
+		if rng.IntN(2) == 0 {
+			cctx, cancel = context.WithTimeout(ctx, d)
+		} else {
+			ends = "cancel"
+			cctx, cancel = context.WithCancel(ctx)
+			stopTimer = time.AfterFunc(d, cancel).Stop
+		}
+		call := "LockContext"
+		var ok bool
+		var err error
+		if rng.IntN(2) == 0 {
 			err = m.LockContext(cctx)
 			ok = err == nil
 		} else {
-			wait := randomDeadline()
+			wait := upTo(rng, 5*time.Millisecond)
 			call = "TryLockFor(" + wait.String() + ")"
 			ok, err = m.TryLockFor(cctx, wait)
 		}
+		stopTimer()
 		cancel()
 
 		mine := keysOfLease(t, client, name, s.Lease())
-		now := revision(t, client)
-		if ok {
-			held[phase]++
+		switch {
+		case ok:
+			held++
 			if len(mine) != 1 {
-				t.Errorf("iteration %d, %s with a %v deadline: got the lock with keys %q, want our one key", i, call, d, mine)
+				t.Errorf("call %d, %s with a %v %s: got the lock with keys %q, want our one key", i, call, d, ends, mine)
 			}
 			if err := m.UnlockContext(ctx); err != nil {
-				t.Fatalf("iteration %d: UnlockContext: %v", i, err)
+				t.Fatalf("call %d: UnlockContext: got %v, want nil", i, err)
 			}
-		} else {
-			failed[phase] = append(failed[phase], span{prev, now})
-			if len(mine) != 0 {
-				t.Errorf("iteration %d, %s with a %v deadline: got %v and keys %q left, want no key of ours", i, call, d, err, mine)
-			}
+		case err == nil:
+			ranOut++
+		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			cancelled++
+		default:
+			t.Fatalf("call %d, %s with a %v %s: got %v, want nil or the context's error", i, call, d, ends, err)
 		}
-		prev = now
+		if !ok && len(mine) != 0 {
+			t.Errorf("call %d, %s with a %v %s: got %v and keys %q left, want no key of ours", i, call, d, ends, err, mine)
+		}
+		to := revision(t, client)
+		spans = append(spans, span{from: from, to: to, held: ok, contended: contended})
+		from = to
 		if t.Failed() {
 			break
 		}
 	}
-	stop()
-	elapsed := time.Since(started)
+	took := time.Since(began)
+	contenderHolds := stopContender()
 
-	puts.sync(t, ctx, client)
-	for phase, what := range []string{"alone", "contended"} {
-		applied := 0
-		for _, sp := range failed[phase] {
-			if puts.putsIn(sp.from, sp.to) > 0 {
-				applied++
+	puts.sync(t, ctx, client, from)
+	var afterApply, failed [2]int // by contended
+	for _, sp := range spans {
+		n := puts.putsIn(sp.from, sp.to)
+		c := 0
+		if sp.contended {
+			c = 1
+		}
+		switch {
+		case sp.held && n != 1:
+			t.Errorf("a call that held put our key %d times, want once", n)
+		case !sp.held:
+			failed[c]++
+			if n > 0 {
+				afterApply[c]++
 			}
 		}
-		t.Logf("%s: %d calls held the lock; %d returned without it, %d of them after etcd applied our put; none left a key",
-			what, held[phase], len(failed[phase]), applied)
 	}
-	t.Logf("%d calls in %v", iterations, elapsed)
 	if keys := lockKeys(t, client, name); len(keys) != 0 {
 		t.Errorf("keys at the end: got %q, want none", keys)
 	}
+	t.Logf("%d calls in %v (%v per call), the contender held %d times", len(spans), took.Round(time.Millisecond),
+		(took / time.Duration(max(len(spans), 1))).Round(time.Microsecond), contenderHolds)
+	t.Logf("  %-55s %7d", "held (unlocked at once)", held)
+	t.Logf("  %-55s %7d", "ended: the context's error", cancelled)
+	t.Logf("  %-55s %7d", "TryLockFor wait ran out: (false, nil)", ranOut)
+	t.Logf("  %-55s %7d / %d", "failed after etcd put our key, alone (mid-RPC)", afterApply[0], failed[0])
+	t.Logf("  %-55s %7d / %d", "failed after etcd put our key, contended", afterApply[1], failed[1])
 }
 
 // TestCancelRandomUpstream (D3 upstream): the same calls on
@@ -255,10 +308,11 @@ func TestCancelRandomUpstream(t *testing.T) {
 	m := concurrency.NewMutex(s, name)
 	key := keyOf(name, s.Lease())
 
+	rng, _ := newRand(t)
 	calls, failed, leaks := 0, 0, 0
 	// 200 calls, and more only until one leaks: it can only get stronger.
 	for ; calls < 200 || leaks == 0 && calls < 2000; calls++ {
-		cctx, cancel := context.WithTimeout(ctx, randomDeadline())
+		cctx, cancel := context.WithTimeout(ctx, upTo(rng, 3*time.Millisecond))
 		var err error
 		if calls%2 == 0 {
 			err = m.Lock(cctx)
@@ -284,204 +338,4 @@ func TestCancelRandomUpstream(t *testing.T) {
 	if leaks == 0 {
 		t.Errorf("upstream calls that left their key after a cancel: got 0 of %d failed calls, want some (the defect)", failed)
 	}
-}
-
-// TestSoakCancel cancels lock calls at random points, 0–5 ms into the call,
-// with and without another process contending, and checks after every call
-// that no key of ours is left in etcd. ETCDLOCK_SOAK=1 runs 10,000 calls.
-//
-// The acquire Txn is observed through a watch on our key: a call that
-// failed, yet whose key etcd had put, was cancelled after etcd applied the
-// Txn (mid-RPC, or while waiting) and had to clean up.
-func TestSoakCancel(t *testing.T) {
-	n := 300
-	if os.Getenv("ETCDLOCK_SOAK") == "1" {
-		n = 10000
-	}
-	srv, client := startServer(t)
-	ctx := testContext(t)
-	if n > 300 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Minute)
-		defer cancel()
-	}
-	name := lockName(t)
-	s := newSession(t, client)
-	m := etcdlock.NewMutex(s, name)
-	key := keyOf(name, s.Lease())
-	seed := time.Now().UnixNano()
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	t.Logf("seed %d", seed)
-
-	// Every put of our key, by revision.
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
-	start := revision(t, client)
-	wch := client.Watch(wctx, key, clientv3.WithRev(start+1), clientv3.WithFilterDelete(), clientv3.WithProgressNotify())
-	var (
-		mu      sync.Mutex
-		puts    []int64
-		watched int64 // the watch has seen every event up to this revision
-	)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for wr := range wch {
-			mu.Lock()
-			for _, ev := range wr.Events {
-				puts = append(puts, ev.Kv.ModRevision)
-			}
-			if wr.Header.Revision > watched {
-				watched = wr.Header.Revision
-			}
-			mu.Unlock()
-		}
-	})
-	defer wg.Wait()
-	defer wcancel()
-
-	// The contender, in the second half: another Session that takes the lock
-	// for 0–3 ms at a time.
-	contend := make(chan struct{})
-	stopContender := make(chan struct{})
-	var contenderHolds atomic.Int64
-	var cwg sync.WaitGroup
-	defer cwg.Wait()
-	cm := etcdlock.NewMutex(newSession(t, srv.Client(t)), name)
-	cwg.Go(func() {
-		crng := rand.New(rand.NewPCG(uint64(seed), 1))
-		select {
-		case <-contend:
-		case <-stopContender:
-			return
-		}
-		for {
-			select {
-			case <-stopContender:
-				return
-			default:
-			}
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := cm.LockContext(cctx)
-			cancel()
-			if err != nil {
-				t.Errorf("contender LockContext: got %v, want nil", err)
-				return
-			}
-			contenderHolds.Add(1)
-			time.Sleep(time.Duration(crng.IntN(3000)) * time.Microsecond)
-			if err := cm.UnlockContext(ctx); err != nil {
-				t.Errorf("contender UnlockContext: got %v, want nil", err)
-				return
-			}
-			time.Sleep(time.Duration(crng.IntN(1000)) * time.Microsecond)
-		}
-	})
-	stopOnce := sync.OnceFunc(func() { close(stopContender) })
-	defer stopOnce()
-
-	type call struct {
-		from, to  int64 // revisions around the call and its unlock
-		held      bool
-		contended bool
-	}
-	calls := make([]call, 0, n)
-	var keysLeft, held, ranOut, cancelled int
-	began := time.Now()
-	from := start
-	for i := range n {
-		contended := i >= n/2
-		if i == n/2 {
-			close(contend)
-		}
-		d := time.Duration(rng.IntN(5001)) * time.Microsecond
-		var cctx context.Context
-		var cancel context.CancelFunc
-		if rng.IntN(2) == 0 {
-			cctx, cancel = context.WithTimeout(ctx, d)
-		} else {
-			cctx, cancel = context.WithCancel(ctx)
-			time.AfterFunc(d, cancel)
-		}
-		var ok bool
-		var err error
-		if rng.IntN(2) == 0 {
-			err = m.LockContext(cctx)
-			ok = err == nil
-		} else {
-			ok, err = m.TryLockFor(cctx, time.Duration(rng.IntN(5001))*time.Microsecond)
-		}
-		cancel()
-		switch {
-		case ok:
-			held++
-			if err := m.UnlockContext(ctx); err != nil {
-				t.Fatalf("call %d: UnlockContext: got %v, want nil", i, err)
-			}
-		case err == nil:
-			ranOut++
-		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-			cancelled++
-		default:
-			t.Fatalf("call %d: got %v, want nil or the context's error", i, err)
-		}
-		resp, err := client.Get(ctx, key)
-		if err != nil {
-			t.Fatalf("get %q: got %v, want nil", key, err)
-		}
-		if len(resp.Kvs) != 0 {
-			keysLeft++
-			t.Errorf("call %d (held %v, err %v): key %q left in etcd", i, ok, err, key)
-		}
-		calls = append(calls, call{from: from, to: resp.Header.Revision, held: ok, contended: contended})
-		from = resp.Header.Revision
-	}
-	took := time.Since(began)
-	stopOnce()
-	cwg.Wait()
-
-	// Wait until the watch has seen every revision of the run.
-	eventually(t, "the watch to catch up", func() bool {
-		if err := client.RequestProgress(wctx); err != nil {
-			t.Fatalf("RequestProgress: got %v, want nil", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-		mu.Lock()
-		defer mu.Unlock()
-		return watched >= from
-	})
-	mu.Lock()
-	slices.Sort(puts)
-	var afterApply [2]int // failed calls whose key etcd had put, by contended
-	var failed [2]int
-	for _, c := range calls {
-		lo, _ := slices.BinarySearch(puts, c.from+1)
-		hi, _ := slices.BinarySearch(puts, c.to+1)
-		wrote := hi - lo
-		ci := 0
-		if c.contended {
-			ci = 1
-		}
-		switch {
-		case c.held && wrote != 1:
-			t.Errorf("a held call put our key %d times, want once", wrote)
-		case !c.held:
-			failed[ci]++
-			if wrote > 0 {
-				afterApply[ci]++
-			}
-		}
-	}
-	mu.Unlock()
-
-	if got := lockKeys(t, client, name); len(got) != 0 {
-		t.Errorf("keys at the end: got %q, want none", got)
-	}
-	t.Logf("%d calls in %v (%v per call), contender held %d times", n, took.Round(time.Millisecond),
-		(took / time.Duration(n)).Round(time.Microsecond), contenderHolds.Load())
-	t.Logf("  %-50s %7d", "held (unlocked at once)", held)
-	t.Logf("  %-50s %7d", "cancelled: the context's error", cancelled)
-	t.Logf("  %-50s %7d", "TryLockFor wait ran out: (false, nil)", ranOut)
-	t.Logf("  %-50s %7d / %d", "failed after etcd put our key, uncontended (mid-RPC)", afterApply[0], failed[0])
-	t.Logf("  %-50s %7d / %d", "failed after etcd put our key, contended", afterApply[1], failed[1])
-	t.Logf("  %-50s %7d", "calls that left our key in etcd", keysLeft)
 }
