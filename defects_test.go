@@ -27,14 +27,14 @@ import (
 func TestD1SameNameOneSession(t *testing.T) {
 	_, client := startServer(t)
 
-	// scenario locks a in this goroutine, then b in another one with a short
-	// deadline, and returns b's result.
-	scenario := func(t *testing.T, a, b locker) error {
+	// scenario locks a in this goroutine, then b in another one with a
+	// deadline d, and returns b's result.
+	scenario := func(t *testing.T, a, b locker, d time.Duration) error {
 		ctx := testContext(t)
 		if err := a.Lock(ctx); err != nil {
 			t.Fatalf("first Lock: %v", err)
 		}
-		dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		dctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
 		w := lockInGoroutine(t, dctx, b)
 		return waitErr(t, w.locked)
@@ -44,7 +44,7 @@ func TestD1SameNameOneSession(t *testing.T) {
 		s := newSession(t, client)
 		name := lockName(t)
 		a, b := oursOn(s, name), oursOn(s, name)
-		if err := scenario(t, a, b); !errors.Is(err, context.DeadlineExceeded) {
+		if err := scenario(t, a, b, 300*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("second handle's LockContext while the first holds: got %v, want context.DeadlineExceeded", err)
 		}
 		// The second handle gets the lock once the first lets go.
@@ -67,7 +67,9 @@ func TestD1SameNameOneSession(t *testing.T) {
 		s := newUpstreamSession(t, client, 30)
 		name := lockName(t)
 		a, b := upstreamOn(s, name), upstreamOn(s, name)
-		if err := scenario(t, a, b); err != nil {
+		// No short deadline: upstream's b holds at once, however loaded
+		// the machine.
+		if err := scenario(t, a, b, testTimeout); err != nil {
 			t.Fatalf("upstream second Mutex's Lock: got %v, want nil (the defect: both hold)", err)
 		}
 		if keys := lockKeys(t, client, name); len(keys) != 1 {
@@ -85,10 +87,7 @@ func TestD2Reentrancy(t *testing.T) {
 	scenario := func(t *testing.T, holder, other locker) *worker {
 		ctx := testContext(t)
 		for i := range 2 {
-			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := holder.Lock(lctx)
-			cancel()
-			if err != nil {
+			if err := holder.Lock(ctx); err != nil {
 				t.Fatalf("Lock %d by the holder: %v", i+1, err)
 			}
 		}
@@ -461,9 +460,10 @@ func TestD6FencedUnlock(t *testing.T) {
 	_, client := startServer(t)
 
 	// scenario: a locks; its key is deleted by someone else; b, another
-	// handle on the same session, locks from another goroutine; a unlocks.
-	// It returns a's token, b's worker and a's Unlock error.
-	scenario := func(t *testing.T, name string, a, b locker) (int64, *worker, error) {
+	// handle on the same session, locks from another goroutine (and holds
+	// before a unlocks, if bHolds); a unlocks. It returns a's token, b's
+	// worker and a's Unlock error.
+	scenario := func(t *testing.T, name string, a, b locker, bHolds bool) (int64, *worker, error) {
 		ctx := testContext(t)
 		if err := a.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -477,11 +477,11 @@ func TestD6FencedUnlock(t *testing.T) {
 			t.Fatal(err)
 		}
 		w := lockInGoroutine(t, ctx, b)
-		// Let b take the lock if it can: upstream's b does, ours waits for a.
-		select {
-		case err := <-w.locked:
+		if bHolds {
+			err := waitErr(t, w.locked)
 			w.locked <- err
-		case <-time.After(300 * time.Millisecond):
+		} else if !blocked(w.locked, 300*time.Millisecond) {
+			t.Fatal("the other handle got the lock while the first holds, want it waiting")
 		}
 		return token, w, a.Unlock(ctx)
 	}
@@ -490,7 +490,7 @@ func TestD6FencedUnlock(t *testing.T) {
 		name := lockName(t)
 		s := newSession(t, client)
 		a, b := oursOn(s, name), oursOn(s, name)
-		token, w, err := scenario(t, name, a, b)
+		token, w, err := scenario(t, name, a, b, false)
 		if !errors.Is(err, etcdlock.ErrLockLost) {
 			t.Errorf("UnlockContext after the key was deleted: got %v, want ErrLockLost", err)
 		}
@@ -518,7 +518,8 @@ func TestD6FencedUnlock(t *testing.T) {
 		name := lockName(t)
 		s := newUpstreamSession(t, client, 30)
 		a, b := upstreamOn(s, name), upstreamOn(s, name)
-		_, w, err := scenario(t, name, a, b)
+		// Upstream's b holds at once: a's key is gone.
+		_, w, err := scenario(t, name, a, b, true)
 		if err != nil {
 			t.Errorf("upstream Unlock of the deleted hold: got %v, want nil", err)
 		}
@@ -640,38 +641,32 @@ func TestD7BoundedCleanup(t *testing.T) {
 		proxy.Blackhole()
 		start := time.Now()
 		err := held.UnlockContext(ctx)
-		if d := time.Since(start); d > 5*time.Second {
-			t.Errorf("UnlockContext while etcd is unreachable: returned after %v, want within 5s", d)
-		}
+		checkBound(t, "UnlockContext while etcd is unreachable", time.Since(start), unlockBound)
 		if err == nil {
 			t.Error("UnlockContext while etcd is unreachable: got nil, want an error")
 		}
-		t.Logf("UnlockContext while etcd is unreachable: %v after %v", err, time.Since(start))
 		if held.HoldCount() != 0 {
 			t.Errorf("HoldCount after UnlockContext: got %d, want 0", held.HoldCount())
 		}
 
 		start = time.Now()
 		wcancel()
-		if err := waitErr(t, queued); !errors.Is(err, context.Canceled) {
+		err = waitErr(t, queued)
+		checkBound(t, "cancelled wait while etcd is unreachable", time.Since(start), deadlineSlack)
+		if !errors.Is(err, context.Canceled) {
 			t.Errorf("cancelled wait while etcd is unreachable: got %v, want context.Canceled", err)
-		}
-		if d := time.Since(start); d > 2*time.Second {
-			t.Errorf("cancelled wait while etcd is unreachable: returned after %v, want within 2s", d)
 		}
 
 		fresh := etcdlock.NewMutex(s, name+"-fresh")
-		dctx, dcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		const d = 500 * time.Millisecond
+		dctx, dcancel := context.WithTimeout(ctx, d)
 		defer dcancel()
 		start = time.Now()
 		err = fresh.LockContext(dctx)
-		if d := time.Since(start); d > 1500*time.Millisecond {
-			t.Errorf("LockContext with a 500ms deadline while etcd is unreachable: returned after %v, want within 1.5s", d)
-		}
+		checkBound(t, fmt.Sprintf("LockContext with a %v deadline while etcd is unreachable", d), time.Since(start), d+deadlineSlack)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("LockContext while etcd is unreachable: got %v, want context.DeadlineExceeded", err)
 		}
-		t.Logf("LockContext with a 500ms deadline while etcd is unreachable: returned after %v", time.Since(start))
 
 		proxy.Unblackhole()
 		for _, n := range []string{name, name + "-waiting", name + "-fresh"} {
@@ -686,10 +681,8 @@ func TestD7BoundedCleanup(t *testing.T) {
 		proxy.Blackhole()
 		start = time.Now()
 		err = s.Close()
-		if d := time.Since(start); d > 5*time.Second {
-			t.Errorf("Session.Close while etcd is unreachable: returned after %v, want within 5s", d)
-		}
-		t.Logf("Session.Close while etcd is unreachable: %v after %v", err, time.Since(start))
+		checkBound(t, "Session.Close while etcd is unreachable", time.Since(start), closeBound)
+		t.Logf("Session.Close while etcd is unreachable: %v", err)
 	})
 
 	t.Run("upstream wait", func(t *testing.T) {
@@ -770,7 +763,7 @@ func TestD8WaiterSessionRevoked(t *testing.T) {
 		return m
 	}
 	// expectExpired checks that the waiter returns ErrSessionExpired within
-	// 2 s (1 s promised, with slack), and that the holder still holds.
+	// expiredBound, and that the holder still holds.
 	expectExpired := func(t *testing.T, name string, w *worker, h *etcdlock.Mutex) {
 		start := time.Now()
 		select {
@@ -778,9 +771,9 @@ func TestD8WaiterSessionRevoked(t *testing.T) {
 			if !errors.Is(err, etcdlock.ErrSessionExpired) {
 				t.Errorf("waiter's lock after its lease was revoked: got %v, want ErrSessionExpired", err)
 			}
-			t.Logf("waiter returned %v, %v after the revoke", err, time.Since(start))
-		case <-time.After(2 * time.Second):
-			t.Fatal("waiter's lock still blocked 2s after its lease was revoked, want ErrSessionExpired within 1s")
+			t.Logf("waiter returned %v, %v after the revoke", err, time.Since(start).Round(time.Millisecond))
+		case <-time.After(expiredBound):
+			t.Fatalf("waiter's lock still blocked %v after its lease was revoked, want ErrSessionExpired within 1s", expiredBound)
 		}
 		if got := h.HoldCount(); got != 1 {
 			t.Errorf("holder's HoldCount: got %d, want 1", got)
@@ -985,10 +978,8 @@ func (l *serverLease) poll(t *testing.T, client *clientv3.Client) bool {
 // gone.
 func TestDoneBeforeLeaseExpiry(t *testing.T) {
 	const ttl = 2 * time.Second
-	srv := etcdtest.Start(t)
-	healthy := srv.Client(t)
-	pc, proxy := srv.ProxiedClient(t)
-	defer proxy.Unblackhole() // before the cleanups close the Sessions
+	healthy, pc, proxy := startProxied(t)
+	defer proxy.Unblackhole()
 	ctx := testContext(t)
 	name := lockName(t)
 
@@ -1013,24 +1004,17 @@ func TestDoneBeforeLeaseExpiry(t *testing.T) {
 
 	// Start right after an acknowledgement, so that the cut is not
 	// mistaken for a late reply.
-	before := ourAck()
-	eventually(t, "keep-alive acknowledgements", func() bool { return ourAck().After(before) && !upAck().IsZero() })
+	before := ourAck.last()
+	eventually(t, "keep-alive acknowledgements", func() bool { return ourAck.last().After(before) && !upAck.last().IsZero() })
 	proxy.Blackhole()
 	cut := time.Now()
 	doneAt, upDoneAt := closeTime(d), closeTime(up.Done())
 
 	ours, theirs := &serverLease{id: s.Lease()}, &serverLease{id: up.Lease()}
-	deadline := time.Now().Add(3 * ttl)
-	for {
+	eventually(t, "both leases gone from the server", func() bool {
 		oursGone, theirsGone := ours.poll(t, healthy), theirs.poll(t, healthy)
-		if oursGone && theirsGone {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("leases still on the server %v after the cut", 3*ttl)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return oursGone && theirsGone
+	})
 	if err := waitErr(t, waited); err != nil {
 		t.Fatalf("waiter: got %v, want nil", err)
 	}
@@ -1043,7 +1027,7 @@ func TestDoneBeforeLeaseExpiry(t *testing.T) {
 	row := func(what string, a, b time.Time) {
 		t.Logf("  %-40s %9d %9d", what, since(a).Milliseconds(), since(b).Milliseconds())
 	}
-	row("last keep-alive ack", ourAck(), upAck())
+	row("last keep-alive ack", ourAck.last(), upAck.last())
 	row("server may expire the lease from", ours.expiresAfter, theirs.expiresAfter)
 	row("server lease expired by", ours.expiresBefore, theirs.expiresBefore)
 	row("server revoked the lease", ours.goneAt, theirs.goneAt)
@@ -1061,11 +1045,11 @@ func TestDoneBeforeLeaseExpiry(t *testing.T) {
 		t.Logf("Mutex.Done closed %v before the server could expire the lease", ours.expiresAfter.Sub(doneAt()).Round(time.Millisecond))
 	}
 	// D10. The server renewed the upstream lease before it acknowledged
-	// the renewal, so from ack + TTL on, etcd may expire the lease; 50 ms
-	// allows for this test's goroutine seeing the ack after the lessor did.
-	if early := upAck().Add(ttl - 50*time.Millisecond); upDoneAt().Before(early) || upDoneAt().Before(theirs.expiresAfter) {
-		t.Errorf("upstream Session.Done closed %v after its last ack, before the server could expire the lease; want at or after (D10)",
-			upDoneAt().Sub(upAck()))
+	// the renewal, so from ack + TTL on, etcd may expire the lease.
+	t.Logf("upstream Session.Done closed %v after its last ack (TTL %v)", upDoneAt().Sub(upAck.last()).Round(time.Millisecond), ttl)
+	if upDoneAt().Before(theirs.expiresAfter) {
+		t.Errorf("upstream Session.Done closed %v before the server could expire the lease; want at or after (D10)",
+			theirs.expiresAfter.Sub(upDoneAt()))
 	}
 	if upDoneAt().After(theirs.expiresBefore) {
 		t.Logf("upstream Session.Done closed %v after the lease had expired on the server (D10)", upDoneAt().Sub(theirs.expiresBefore).Round(time.Millisecond))
@@ -1113,10 +1097,8 @@ func TestD11SameTxnNestedKey(t *testing.T) {
 		t.Fatalf("TryLockFor while %q holds the lock: got %v, %v, want false, nil", holder, ok, err)
 	}
 	w := lockInGoroutine(t, ctx, oursOn(s, name))
-	select {
-	case err := <-w.locked:
-		t.Fatalf("LockContext returned %v while %q holds the lock, want it to wait", err, holder)
-	case <-time.After(300 * time.Millisecond):
+	if !blocked(w.locked, 300*time.Millisecond) {
+		t.Fatalf("LockContext returned while %q holds the lock, want it to wait", holder)
 	}
 	if _, err := client.Delete(ctx, holder); err != nil {
 		t.Fatal(err)

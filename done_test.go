@@ -10,10 +10,6 @@ import (
 	"github.com/etcdlock/etcdlock"
 )
 
-// doneBound is how soon Mutex.Done must close after our key is deleted or
-// the lease revoked (API.md).
-const doneBound = 2 * time.Second
-
 func TestDoneNotHeld(t *testing.T) {
 	_, client := startServer(t)
 	s := newSession(t, client)
@@ -170,10 +166,16 @@ func TestDoneLeaseRevoked(t *testing.T) {
 	}
 }
 
-// TestDoneStaysOpen holds a lock for several TTLs with healthy keep-alives:
-// Done must not close.
+// TestDoneStaysOpen holds a lock for 2.5 TTLs with healthy keep-alives:
+// Done must not close while every acknowledgement comes within the 2/3 TTL
+// of silence that Done allows. clientv3 sends a keep-alive TTL/3 after the
+// last acknowledgement, on a 500 ms tick: the gaps measure TTL/3 rounded up
+// to the tick (1 s at TTL 2 s, 1.5 s at TTL 3 s), which leaves 333 ms and
+// 500 ms for a late reply. A machine too loaded to keep the lease alive on
+// time makes a longer gap; Done may then close, and the test says so
+// without failing.
 func TestDoneStaysOpen(t *testing.T) {
-	for _, ttl := range []time.Duration{time.Second, 2 * time.Second} {
+	for _, ttl := range []time.Duration{2 * time.Second, 3 * time.Second} {
 		t.Run(ttl.String(), func(t *testing.T) {
 			t.Parallel()
 			_, client := startServer(t)
@@ -181,24 +183,23 @@ func TestDoneStaysOpen(t *testing.T) {
 			m := etcdlock.NewMutex(s, lockName(t))
 			m.Lock()
 			defer m.Unlock()
-			ack, _ := ackWatch(t, client, s.Lease())
-			var maxGap time.Duration
-			last := ack()
+			acks, _ := ackWatch(t, client, s.Lease())
+			eventually(t, "a keep-alive acknowledgement", func() bool { return !acks.last().IsZero() })
+			silence := ttl - ttl/3 // what Done allows
 			hold := 2*ttl + ttl/2
-			for start := time.Now(); time.Since(start) < hold; time.Sleep(5 * time.Millisecond) {
-				if a := ack(); a != last {
-					if !last.IsZero() {
-						maxGap = max(maxGap, a.Sub(last))
-					}
-					last = a
-				}
-				if isClosed(m.Done()) {
-					t.Fatalf("Done() closed after %v with healthy keep-alives (TTL %v, longest gap between acks %v), want open",
-						time.Since(start).Round(time.Millisecond), ttl, maxGap.Round(time.Millisecond))
-				}
+			took, closed := closedWithin(m.Done(), hold)
+			gap := acks.longestGap(time.Now())
+			switch {
+			case !closed:
+				t.Logf("TTL %v: Done open through %v; longest gap between keep-alive acks %v (Done closes after %v)",
+					ttl, hold, gap.Round(time.Millisecond), silence.Round(time.Millisecond))
+			case gap < silence:
+				t.Errorf("Done() closed after %v with every keep-alive acknowledged within %v (TTL %v), want open until %v without one",
+					took.Round(time.Millisecond), gap.Round(time.Millisecond), ttl, silence.Round(time.Millisecond))
+			default:
+				t.Logf("TTL %v: Done closed after %v, after %v without a keep-alive ack (the machine was too slow to keep the lease alive on time)",
+					ttl, took.Round(time.Millisecond), gap.Round(time.Millisecond))
 			}
-			t.Logf("TTL %v: Done open through %v; longest gap between keep-alive acks %v (Done closes at 2/3 TTL = %v)",
-				ttl, hold, maxGap.Round(time.Millisecond), (ttl - ttl/3).Round(time.Millisecond))
 		})
 	}
 }

@@ -264,7 +264,9 @@ func TestBadInput(t *testing.T) {
 	if _, err := client.Revoke(testContext(t), expired.Lease()); err != nil {
 		t.Fatal(err)
 	}
-	<-expired.Done()
+	if _, ok := closedWithin(expired.Done(), testTimeout); !ok {
+		t.Fatal("Done() of a Session whose lease was revoked: still open")
+	}
 
 	for _, tc := range []struct {
 		name      string

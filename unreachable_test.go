@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,17 +14,15 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
-	"github.com/etcdlock/etcdlock/etcdtest"
 )
 
-// TestDownLockContextDeadline: with etcd unreachable, LockContext returns
-// by its deadline + 1 s, whether the cut comes before the call or while it
-// waits; once etcd is back, no key of the failed calls is left.
+// TestDownLockContextDeadline: with etcd unreachable, LockContext and
+// TryLockFor return by their deadline + 1 s (asserted: + 2 s), whether the
+// cut comes before the call or while it waits; once etcd is back, no key of
+// the failed calls is left.
 func TestDownLockContextDeadline(t *testing.T) {
-	srv := etcdtest.Start(t)
-	healthy := srv.Client(t)
-	pc, proxy := srv.ProxiedClient(t)
-	defer proxy.Unblackhole() // before the cleanups close the Sessions
+	healthy, pc, proxy := startProxied(t)
+	defer proxy.Unblackhole()
 	ctx := testContext(t)
 	name := lockName(t)
 	s := aliveSession(t, pc, 30*time.Second)
@@ -41,14 +38,10 @@ func TestDownLockContextDeadline(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		err := call(etcdlock.NewMutex(s, n), cctx)
-		took := time.Since(start)
+		checkBound(t, fmt.Sprintf("%s with a %v deadline, etcd down", what, d), time.Since(start), d+deadlineSlack)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("%s with a %v deadline, etcd down: got %v, want context.DeadlineExceeded", what, d, err)
 		}
-		if took > d+time.Second {
-			t.Errorf("%s with a %v deadline, etcd down: returned after %v, want ≤ %v", what, d, took, d+time.Second)
-		}
-		t.Logf("%s, deadline %v, etcd down: returned after %v", what, d, took.Round(time.Millisecond))
 	}
 
 	// Cut before the call.
@@ -72,21 +65,18 @@ func TestDownLockContextDeadline(t *testing.T) {
 	// Cut while waiting behind another holder: our key is in etcd.
 	holder := etcdlock.NewMutex(newSession(t, healthy), name)
 	holder.Lock()
+	const d = 500 * time.Millisecond
+	start := time.Now()
 	ch := result(func() error {
-		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		cctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
-		start := time.Now()
-		err := m.LockContext(cctx)
-		if took := time.Since(start); took > 1500*time.Millisecond {
-			t.Errorf("LockContext cut off while waiting: returned after %v, want ≤ 1.5s", took)
-		} else {
-			t.Logf("LockContext, cut off while waiting, deadline 500ms: returned after %v", took.Round(time.Millisecond))
-		}
-		return err
+		return m.LockContext(cctx)
 	})
 	eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, healthy, name)) == 2 })
 	proxy.Blackhole()
-	if err := waitErr(t, ch); !errors.Is(err, context.DeadlineExceeded) {
+	err := waitErr(t, ch)
+	checkBound(t, fmt.Sprintf("LockContext with a %v deadline, cut off while waiting", d), time.Since(start), d+deadlineSlack)
+	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("LockContext cut off while waiting: got %v, want context.DeadlineExceeded", err)
 	}
 	proxy.Unblackhole()
@@ -94,14 +84,12 @@ func TestDownLockContextDeadline(t *testing.T) {
 	holder.Unlock()
 }
 
-// TestDownUnlockAndClose: with etcd unreachable, UnlockContext and
-// Session.Close return within 5 s; a delete that etcd did not confirm is
-// retried until it lands, once etcd is back.
+// TestDownUnlockAndClose: with etcd unreachable, UnlockContext returns
+// within 3 s (asserted: 6 s) and Session.Close within 5 s; a delete that
+// etcd did not confirm is retried until it lands, once etcd is back.
 func TestDownUnlockAndClose(t *testing.T) {
-	srv := etcdtest.Start(t)
-	healthy := srv.Client(t)
-	pc, proxy := srv.ProxiedClient(t)
-	defer proxy.Unblackhole() // before the cleanups close the Sessions
+	healthy, pc, proxy := startProxied(t)
+	defer proxy.Unblackhole()
 	ctx := testContext(t)
 	name := lockName(t)
 
@@ -111,13 +99,9 @@ func TestDownUnlockAndClose(t *testing.T) {
 	proxy.Blackhole()
 	start := time.Now()
 	err := m.UnlockContext(ctx)
-	took := time.Since(start)
-	t.Logf("UnlockContext, etcd down: %v after %v", err, took.Round(time.Millisecond))
+	checkBound(t, "UnlockContext, etcd down", time.Since(start), unlockBound)
 	if err == nil {
 		t.Error("UnlockContext, etcd down: got nil, want etcd's error")
-	}
-	if took > 5*time.Second {
-		t.Errorf("UnlockContext, etcd down: returned after %v, want ≤ 5s", took)
 	}
 	if got := m.HoldCount(); got != 0 {
 		t.Errorf("HoldCount after UnlockContext: got %d, want 0", got)
@@ -134,11 +118,8 @@ func TestDownUnlockAndClose(t *testing.T) {
 	proxy.Blackhole()
 	start = time.Now()
 	err = s2.Close()
-	took = time.Since(start)
-	t.Logf("Session.Close, etcd down: %v after %v", err, took.Round(time.Millisecond))
-	if took > 5*time.Second {
-		t.Errorf("Session.Close, etcd down: returned after %v, want ≤ 5s", took)
-	}
+	checkBound(t, "Session.Close, etcd down", time.Since(start), closeBound)
+	t.Logf("Session.Close, etcd down: %v", err)
 	if err := m2.LockContext(ctx); !errors.Is(err, etcdlock.ErrSessionExpired) {
 		t.Errorf("LockContext after Close: got %v, want ErrSessionExpired", err)
 	}
@@ -149,59 +130,52 @@ func TestDownUnlockAndClose(t *testing.T) {
 	}
 }
 
+// syncLocker is ours with Lock done by Mutex.Lock, the sync.Locker, which
+// retries until it holds and takes no context.
+type syncLocker struct{ ours }
+
+func (l syncLocker) Lock(context.Context) error {
+	l.m.Lock()
+	return nil
+}
+
 // TestDownLockRetries: Lock, started while etcd is unreachable, keeps
 // retrying and takes the lock once etcd is back.
 func TestDownLockRetries(t *testing.T) {
-	srv := etcdtest.Start(t)
-	healthy := srv.Client(t)
-	pc, proxy := srv.ProxiedClient(t)
-	defer proxy.Unblackhole() // before the cleanups close the Sessions
+	healthy, pc, proxy := startProxied(t)
+	defer proxy.Unblackhole()
 	name := lockName(t)
 	s := aliveSession(t, pc, 10*time.Second)
 	m := etcdlock.NewMutex(s, name)
 
 	proxy.Blackhole()
-	locked := make(chan int64)
-	release := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		m.Lock()
-		locked <- m.Token()
-		<-release
-		m.Unlock()
-	})
-	defer wg.Wait()
-	defer close(release)
-
-	select {
-	case <-locked:
+	w := lockInGoroutine(t, testContext(t), syncLocker{ours{m}})
+	if !blocked(w.locked, time.Second) {
 		t.Fatal("Lock returned while etcd was unreachable")
-	case <-time.After(time.Second):
 	}
 	proxy.Unblackhole()
 	back := time.Now()
-	select {
-	case token := <-locked:
-		t.Logf("Lock acquired %v after etcd came back", time.Since(back).Round(time.Millisecond))
-		keys := lockKeys(t, healthy, name)
-		if len(keys) != 1 || keys[0] != keyOf(name, s.Lease()) || token <= 0 {
-			t.Errorf("after Lock: got keys %q, token %d, want [%s] and a token", keys, token, keyOf(name, s.Lease()))
-		}
-	case <-time.After(testTimeout):
-		t.Fatalf("Lock: still blocked %v after etcd came back", testTimeout)
+	if err := waitErr(t, w.locked); err != nil {
+		t.Fatalf("Lock: got %v, want it to hold", err)
+	}
+	t.Logf("Lock acquired %v after etcd came back", time.Since(back).Round(time.Millisecond))
+	keys := lockKeys(t, healthy, name)
+	if len(keys) != 1 || keys[0] != keyOf(name, s.Lease()) || m.Token() <= 0 {
+		t.Errorf("after Lock: got keys %q, token %d, want [%s] and a token", keys, m.Token(), keyOf(name, s.Lease()))
+	}
+	if err := w.Release(); err != nil {
+		t.Errorf("UnlockContext after Lock: got %v, want nil", err)
 	}
 }
 
 // TestDownWaiterSessionExpires: a waiter whose own session ends returns
-// ErrSessionExpired soon after Session.Done, while the holder still holds.
+// ErrSessionExpired within 1 s of Session.Done (asserted: 2 s), while the
+// holder still holds.
 func TestDownWaiterSessionExpires(t *testing.T) {
-	const bound = 3 * time.Second // the aim is 1 s; measured and logged
 	for _, how := range []string{"revoked", "blackholed"} {
 		t.Run(how, func(t *testing.T) {
-			srv := etcdtest.Start(t)
-			healthy := srv.Client(t)
-			pc, proxy := srv.ProxiedClient(t)
-			defer proxy.Unblackhole() // before the cleanups close the Sessions
+			healthy, pc, proxy := startProxied(t)
+			defer proxy.Unblackhole()
 			ctx := testContext(t)
 			name := lockName(t)
 			holder := etcdlock.NewMutex(newSession(t, healthy), name)
@@ -235,8 +209,8 @@ func TestDownWaiterSessionExpires(t *testing.T) {
 			lag := returned.Sub(doneAt())
 			t.Logf("%s: Session.Done %v after the fault, LockContext returned %v after Session.Done",
 				how, doneAt().Sub(start).Round(time.Millisecond), lag.Round(time.Millisecond))
-			if lag > bound {
-				t.Errorf("LockContext returned %v after Session.Done, want ≤ %v", lag, bound)
+			if lag > expiredBound {
+				t.Errorf("LockContext returned %v after Session.Done, want ≤ %v", lag, expiredBound)
 			}
 		})
 	}
@@ -246,9 +220,8 @@ func TestDownWaiterSessionExpires(t *testing.T) {
 // revoke that cancelling the WithContext context started returns within
 // 5 s, and sends no second revoke after the first has answered.
 func TestSessionCloseAfterCancel(t *testing.T) {
-	srv := etcdtest.Start(t)
-	_, proxy := srv.ProxiedClient(t)
-	defer proxy.Unblackhole() // before the cleanups close the clients
+	_, _, proxy := startProxied(t)
+	defer proxy.Unblackhole()
 	var revokes atomic.Int64
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if method == "/etcdserverpb.Lease/LeaseRevoke" {
@@ -265,11 +238,7 @@ func TestSessionCloseAfterCancel(t *testing.T) {
 	eventually(t, "the revoke started by the cancel", func() bool { return revokes.Load() == 1 })
 	start := time.Now()
 	err := s.Close()
-	took := time.Since(start)
-	t.Logf("Close, etcd down, after the cancel's revoke started: %v after %v", err, took.Round(time.Millisecond))
-	if took > 5*time.Second {
-		t.Errorf("Close: returned after %v, want ≤ 5s", took)
-	}
+	checkBound(t, "Close, etcd down, after the cancel's revoke started", time.Since(start), closeBound)
 	if err == nil {
 		t.Error("Close: got nil, want the revoke's error (etcd is unreachable)")
 	}
