@@ -1136,9 +1136,7 @@ func TestD11NestedNames(t *testing.T) {
 				t.Fatalf("our TryLock of %q while %q is held: got false, want true", name, name+"/b")
 			}
 			m.Unlock()
-			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			if err := m.LockContext(dctx); err != nil {
+			if err := m.LockContext(ctx); err != nil {
 				t.Fatalf("our LockContext of %q while %q is held: %v", name, name+"/b", err)
 			}
 			m.Unlock()
