@@ -308,11 +308,10 @@ func TestCancelRandomUpstream(t *testing.T) {
 	m := concurrency.NewMutex(s, name)
 	key := keyOf(name, s.Lease())
 
-	rng, _ := newRand(t)
 	calls, failed, leaks := 0, 0, 0
 	// 200 calls, and more only until one leaks: it can only get stronger.
 	for ; calls < 200 || leaks == 0 && calls < 2000; calls++ {
-		cctx, cancel := context.WithTimeout(ctx, upTo(rng, 3*time.Millisecond))
+		cctx, cancel := context.WithTimeout(ctx, randomDeadline())
 		var err error
 		if calls%2 == 0 {
 			err = m.Lock(cctx)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -319,6 +320,12 @@ func checkBound(t *testing.T, what string, took, bound time.Duration) {
 	if took > bound {
 		t.Errorf("%s: returned after %v, want ≤ %v", what, took.Round(time.Millisecond), bound)
 	}
+}
+
+// randomDeadline returns a deadline between 0 and 3 ms: short enough to end
+// a call at any point of its round trips to etcd.
+func randomDeadline() time.Duration {
+	return time.Duration(rand.Int64N(int64(3*time.Millisecond) + 1))
 }
 
 // waitUntil polls cond every 10 ms until it holds (nil) or ctx ends
