@@ -39,6 +39,7 @@ func TestMain(m *testing.M) {
 // shared and run with -race.
 const testTimeout = 30 * time.Second
 
+// testContext returns a context that ends after testTimeout or with the test.
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	t.Cleanup(cancel)
