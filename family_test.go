@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/etcdlock/etcdlock"
 )
 
@@ -15,17 +13,6 @@ import (
 // them through one interface: nothing left behind on cancel at any point, a
 // waiter whose own lease goes returns promptly, a try that fails writes
 // nothing, a fenced release, bad input gets an error.
-
-// A famLock is one lock of the family, as a test uses it.
-type famLock interface {
-	Lock(ctx context.Context) error
-	// TryLock waits at most wait; false, nil when it ran out.
-	TryLock(ctx context.Context, wait time.Duration) (bool, error)
-	Unlock(ctx context.Context) error
-	Token() int64
-	IsOwner() clientv3.Cmp
-	Done() <-chan struct{}
-}
 
 // A primitive makes locks of one kind, and holders that block them.
 type primitive struct {
@@ -63,116 +50,6 @@ func blockSemaphore(limit int) func(s *etcdlock.Session, name string) famLock {
 	return func(s *etcdlock.Session, name string) famLock {
 		return &semLock{sem: etcdlock.NewSemaphore(s, name, limit), n: limit}
 	}
-}
-
-type mutexLock struct{ m *etcdlock.Mutex }
-
-func (l mutexLock) Lock(ctx context.Context) error { return l.m.LockContext(ctx) }
-func (l mutexLock) TryLock(ctx context.Context, wait time.Duration) (bool, error) {
-	return l.m.TryLockFor(ctx, wait)
-}
-func (l mutexLock) Unlock(ctx context.Context) error { return l.m.UnlockContext(ctx) }
-func (l mutexLock) Token() int64                     { return l.m.Token() }
-func (l mutexLock) IsOwner() clientv3.Cmp            { return l.m.IsOwner() }
-func (l mutexLock) Done() <-chan struct{}            { return l.m.Done() }
-
-type writeLock struct{ rw *etcdlock.RWMutex }
-
-func (l writeLock) Lock(ctx context.Context) error { return l.rw.LockContext(ctx) }
-func (l writeLock) TryLock(ctx context.Context, wait time.Duration) (bool, error) {
-	return l.rw.TryLockFor(ctx, wait)
-}
-func (l writeLock) Unlock(ctx context.Context) error { return l.rw.UnlockContext(ctx) }
-func (l writeLock) Token() int64                     { return l.rw.Token() }
-func (l writeLock) IsOwner() clientv3.Cmp            { return l.rw.IsOwner() }
-func (l writeLock) Done() <-chan struct{}            { return l.rw.Done() }
-
-type readLock struct{ rw *etcdlock.RWMutex }
-
-func (l readLock) Lock(ctx context.Context) error { return l.rw.RLockContext(ctx) }
-func (l readLock) TryLock(ctx context.Context, wait time.Duration) (bool, error) {
-	return l.rw.TryRLockFor(ctx, wait)
-}
-func (l readLock) Unlock(ctx context.Context) error { return l.rw.RUnlockContext(ctx) }
-func (l readLock) Token() int64                     { return l.rw.Token() }
-func (l readLock) IsOwner() clientv3.Cmp            { return l.rw.IsOwner() }
-func (l readLock) Done() <-chan struct{}            { return l.rw.Done() }
-
-// semLock holds n permits of a semaphore at once; used from one goroutine.
-type semLock struct {
-	sem     *etcdlock.Semaphore
-	n       int
-	permits []*etcdlock.Permit
-}
-
-func (l *semLock) Lock(ctx context.Context) error {
-	for len(l.permits) < l.n {
-		p, err := l.sem.Acquire(ctx)
-		if err != nil {
-			l.releaseAll()
-			return err
-		}
-		l.permits = append(l.permits, p)
-	}
-	return nil
-}
-
-func (l *semLock) TryLock(ctx context.Context, wait time.Duration) (bool, error) {
-	for len(l.permits) < l.n {
-		p, err := l.sem.TryAcquire(ctx, wait)
-		if err != nil {
-			l.releaseAll()
-			if errors.Is(err, etcdlock.ErrNoPermit) {
-				return false, nil
-			}
-			return false, err
-		}
-		l.permits = append(l.permits, p)
-	}
-	return true, nil
-}
-
-// releaseAll gives back the permits taken before a failure.
-func (l *semLock) releaseAll() {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	for _, p := range l.permits {
-		_ = p.Release(ctx)
-	}
-	l.permits = nil
-}
-
-func (l *semLock) Unlock(ctx context.Context) error {
-	if len(l.permits) == 0 {
-		return (*etcdlock.Permit)(nil).Release(ctx)
-	}
-	var errs []error
-	for _, p := range l.permits {
-		errs = append(errs, p.Release(ctx))
-	}
-	l.permits = nil
-	return errors.Join(errs...)
-}
-
-func (l *semLock) Token() int64 {
-	if len(l.permits) == 0 {
-		return 0
-	}
-	return l.permits[0].Token()
-}
-
-func (l *semLock) IsOwner() clientv3.Cmp {
-	if len(l.permits) == 0 {
-		return (*etcdlock.Permit)(nil).IsOwner()
-	}
-	return l.permits[0].IsOwner()
-}
-
-func (l *semLock) Done() <-chan struct{} {
-	if len(l.permits) == 0 {
-		return (*etcdlock.Permit)(nil).Done()
-	}
-	return l.permits[0].Done()
 }
 
 // forFamily runs f for each primitive, as a subtest.
@@ -232,7 +109,10 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 				if tc.release {
 					before := len(lockKeys(t, client, name))
 					go func() {
-						eventually(t, "our key queued", func() bool { return len(lockKeys(t, client, name)) > before })
+						if err := waitUntil(ctx, func() bool { return len(lockKeys(t, client, name)) > before }); err != nil {
+							released <- err
+							return
+						}
 						released <- holder.Release()
 					}()
 				}
@@ -305,7 +185,8 @@ func TestFamilyCancelRandom(t *testing.T) {
 		var held, failed int
 		for i := range iterations {
 			if i == iterations/2 {
-				stop = churn(t, p.blocker(newSession(t, client), name))
+				stopContender := startContender(t, ctx, p.blocker(newSession(t, client), name), uint64(i))
+				stop = func() { stopContender() }
 			}
 			cctx, cancel := context.WithTimeout(ctx, randomDeadline())
 			var ok bool
@@ -331,30 +212,6 @@ func TestFamilyCancelRandom(t *testing.T) {
 		}
 		t.Logf("%d calls: %d held, %d failed, none left a key", iterations, held, failed)
 	})
-}
-
-// churn takes and releases l in a loop until the returned function is called.
-func churn(t *testing.T, l famLock) (stop func()) {
-	ctx, cancel := context.WithCancel(testContext(t))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			if err := l.Lock(ctx); err != nil {
-				continue
-			}
-			time.Sleep(randomDeadline() / 2)
-			if err := l.Unlock(context.WithoutCancel(ctx)); err != nil {
-				t.Errorf("contender's unlock: %v", err)
-				return
-			}
-			time.Sleep(randomDeadline() / 2)
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
 }
 
 // TestFamilyWaiterLeaseRevoked (D8, etcd #16221, #19597): a waiter whose own
@@ -572,13 +429,13 @@ func TestFamilyDoneWhenCutOff(t *testing.T) {
 		defer proxy.Unblackhole() // before the cleanups close the Session
 		const ttl = 3 * time.Second
 		s := aliveSession(t, pc, ttl)
-		lastAck, _ := ackWatch(t, pc, s.Lease())
+		acks, _ := ackWatch(t, pc, s.Lease())
 		l := p.open(s, lockName(t))
 		hold(t, l)
-		before := lastAck()
-		eventually(t, "a keep-alive acknowledgement", func() bool { return lastAck().After(before) })
+		before := acks.last()
+		eventually(t, "a keep-alive acknowledgement", func() bool { return acks.last().After(before) })
 		proxy.Blackhole()
-		deadline := lastAck().Add(ttl)
+		deadline := acks.last().Add(ttl)
 		took, ok := closedWithin(l.Done(), 2*ttl)
 		closedAt := time.Now()
 		if !ok {

@@ -69,9 +69,9 @@ type SessionOption interface {
 }
 
 type sessionOptions struct {
-	ttl      time.Duration
-	lease    clientv3.LeaseID
-	ctx      context.Context
+	ttl       time.Duration
+	lease     clientv3.LeaseID
+	ctx       context.Context
 	handoffs  int
 	identity  string
 	observers []Observer
