@@ -134,108 +134,14 @@ func TestD2Reentrancy(t *testing.T) {
 	})
 }
 
-// D3: a context cancelled after etcd applied the acquire Txn but before
-// the reply leaves nothing behind.
+// D3: a context cancelled after etcd applied the acquire Txn but before the
+// reply leaves upstream's key behind for the whole session. Ours, and every
+// primitive of the family, at every point of an acquisition:
+// TestFamilyCancelAfterApply.
 func TestD3CancelAfterApply(t *testing.T) {
 	srv, client := startServer(t)
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
-
-	for _, tc := range []struct {
-		name string
-		// try: TryLockFor with wait; otherwise LockContext.
-		try       bool
-		wait      time.Duration
-		contended bool // another session holds the lock
-		skip      int  // Txns let through before the cancel
-		lose      bool // the reply is lost
-		release   bool // the holder unlocks once our key is queued
-	}{
-		{name: "LockContext", lose: true},
-		{name: "LockContext reply after cancel"},
-		{name: "TryLockFor", try: true, wait: 5 * time.Second, lose: true},
-		{name: "TryLockFor reply after cancel", try: true, wait: 5 * time.Second},
-		{name: "TryLockFor no wait", try: true, lose: true},
-		{name: "LockContext queued", contended: true, lose: true},
-		{name: "TryLockFor queued", try: true, wait: 5 * time.Second, contended: true, lose: true},
-		// The read after the predecessor's delete is a Txn too.
-		{name: "LockContext waiting", contended: true, skip: 1, lose: true, release: true},
-		{name: "TryLockFor waiting", try: true, wait: 5 * time.Second, contended: true, skip: 1, lose: true, release: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			name := lockName(t)
-			ctx := testContext(t)
-			var holder *worker
-			var released <-chan error
-			if tc.contended {
-				holder = lockInGoroutine(t, ctx, oursOn(newSession(t, client), name))
-				if err := waitErr(t, holder.locked); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if tc.release {
-				// The holder unlocks once our key is queued behind it.
-				released = result(func() error {
-					if err := waitUntil(ctx, func() bool {
-						kvs, err := queueKeys(ctx, client, name)
-						return err == nil && len(kvs) >= 2
-					}); err != nil {
-						return err
-					}
-					return holder.Release()
-				})
-			}
-			s := newSession(t, ic)
-			m := etcdlock.NewMutex(s, name)
-			cctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			fault.arm(tc.skip, 1, cancelAfterApply(cancel, tc.lose))
-			var err error
-			if tc.try {
-				var ok bool
-				ok, err = m.TryLockFor(cctx, tc.wait)
-				if ok {
-					t.Errorf("TryLockFor: got true, want false")
-				}
-			} else {
-				err = m.LockContext(cctx)
-			}
-			if n := fault.count(); n != 1 {
-				t.Fatalf("cancels after an applied Txn: got %d, want 1", n)
-			}
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("error: got %v, want context.Canceled", err)
-			}
-			if keys := keysOfLease(t, client, name, s.Lease()); len(keys) != 0 {
-				t.Errorf("keys of the cancelled session: got %q, want none", keys)
-			}
-			if m.HoldCount() != 0 || m.Token() != 0 {
-				t.Errorf("HoldCount %d, Token %d: want 0, 0", m.HoldCount(), m.Token())
-			}
-			if tc.release {
-				if err := waitErr(t, released); err != nil {
-					t.Fatal(err)
-				}
-			} else if holder != nil {
-				if err := holder.Release(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// Nothing left to wait for: another session takes the lock at once.
-			other := etcdlock.NewMutex(newSession(t, client), name)
-			if !other.TryLock() {
-				t.Fatalf("another session's TryLock after the cancel: got false, want true; keys %q", lockKeys(t, client, name))
-			}
-			other.Unlock()
-			// And the cancelled session can lock again.
-			if err := m.LockContext(ctx); err != nil {
-				t.Fatalf("LockContext after the cancel: %v", err)
-			}
-			if err := m.UnlockContext(ctx); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
 
 	for _, tc := range []struct {
 		name      string

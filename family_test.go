@@ -88,10 +88,13 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 			{name: "Lock", lose: true},
 			{name: "Lock reply after cancel"},
 			{name: "TryLock wait", try: true, wait: 5 * time.Second, lose: true},
+			{name: "TryLock wait reply after cancel", try: true, wait: 5 * time.Second},
 			{name: "TryLock no wait", try: true, lose: true},
 			{name: "Lock queued", contended: true, lose: true},
 			{name: "TryLock queued", try: true, wait: 5 * time.Second, contended: true, lose: true},
+			// The read after the holder's release is a Txn too.
 			{name: "Lock waiting", contended: true, skip: 1, lose: true, release: true},
+			{name: "TryLock waiting", try: true, wait: 5 * time.Second, contended: true, skip: 1, lose: true, release: true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				name := lockName(t)
