@@ -2,6 +2,7 @@ package etcdlockprom
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 
@@ -75,8 +76,11 @@ func New(opts ...Option) *Collector {
 		opt.apply(&o)
 	}
 	if _, ok := o.constLabels["le"]; ok {
-		// A histogram panics on its first observation with this label.
+		// A histogram panics with this label.
 		o.invalid(errors.New(`etcdlockprom: WithConstLabels: "le" is reserved for histogram buckets`))
+	}
+	if o.err != nil {
+		return &Collector{err: o.err}
 	}
 
 	c := &Collector{lockLabel: o.lockLabel, live: make(map[holdID][]string)}
@@ -132,12 +136,11 @@ func New(opts ...Option) *Collector {
 		Help: "Events that Sessions dropped because their observers were too slow: the gauges may be off.",
 	})
 
-	if o.err == nil {
-		// Registering reports what makes a metric invalid (a bad namespace
-		// or label name) now, not at the first event.
-		o.err = prometheus.NewRegistry().Register(c)
+	// Registering reports what makes a metric invalid (a bad namespace or
+	// label name) now, not at the first event.
+	if err := prometheus.NewRegistry().Register(c); err != nil {
+		return &Collector{err: fmt.Errorf("etcdlockprom: %w", err)}
 	}
-	c.err = o.err
 	return c
 }
 

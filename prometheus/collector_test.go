@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,3 +305,222 @@ func waitKeys(t *testing.T, ctx context.Context, client *clientv3.Client, name s
 
 var _ prometheus.Collector = (*etcdlockprom.Collector)(nil)
 var _ etcdlock.Observer = (*etcdlockprom.Collector)(nil)
+
+// TestLockLabel checks the options that name the series: WithLockLabel,
+// WithNamespace and WithConstLabels.
+func TestLockLabel(t *testing.T) {
+	client := etcdtest.Start(t).Client(t)
+	ctx := testContext(t)
+	c, reg := newCollector(t, etcdlockprom.WithLockLabel(), etcdlockprom.WithNamespace("app"),
+		etcdlockprom.WithConstLabels(prometheus.Labels{"session": "a"}))
+	s := newSession(t, client, etcdlock.WithObserver(c))
+	x, y := lockName(t, "x"), lockName(t, "y")
+	for _, name := range []string{x, y, x} {
+		m := etcdlock.NewMutex(s, name)
+		lock(t, ctx, m)
+		waitValue(t, reg, 1, "app_holds", "primitive", "mutex", "lock", name, "session", "a")
+		unlock(t, ctx, m)
+	}
+	closeSession(t, s)
+
+	want := strings.NewReplacer("LOCK_X", x, "LOCK_Y", y).Replace(`
+# HELP app_acquisitions_total Lock calls that went to etcd or waited for a local holder, by outcome, and whether they found the lock held by another holder.
+# TYPE app_acquisitions_total counter
+app_acquisitions_total{contended="false",lock="LOCK_X",outcome="acquired",primitive="mutex",session="a"} 2
+app_acquisitions_total{contended="false",lock="LOCK_Y",outcome="acquired",primitive="mutex",session="a"} 1
+# HELP app_holds Holds of this process, neither released nor known lost: one per etcd key held (two readers of one RWMutex are two).
+# TYPE app_holds gauge
+app_holds{lock="LOCK_X",primitive="mutex",session="a"} 0
+app_holds{lock="LOCK_Y",primitive="mutex",session="a"} 0
+# HELP app_releases_total Releases of a held key, by result: ok, fenced_miss (the key was already gone) or error (retried in the background).
+# TYPE app_releases_total counter
+app_releases_total{lock="LOCK_X",primitive="mutex",result="ok",session="a"} 2
+app_releases_total{lock="LOCK_Y",primitive="mutex",result="ok",session="a"} 1
+`)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"app_acquisitions_total", "app_holds", "app_releases_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(c, "app_hold_duration_seconds"); n != 2 {
+		t.Errorf("app_hold_duration_seconds: got %d series, want 2 (one per lock)", n)
+	}
+	if n := testutil.CollectAndCount(c, "app_keepalive_margin_seconds"); n != 1 {
+		t.Errorf("app_keepalive_margin_seconds: got %d series, want 1 (no lock label)", n)
+	}
+}
+
+// TestLocalHandoff checks that a hold handed from one goroutine to the
+// next (WithLocalHandoff), which keeps its key and reports a second
+// acquisition but one release, counts once in etcdlock_holds.
+func TestLocalHandoff(t *testing.T) {
+	client := etcdtest.Start(t).Client(t)
+	ctx := testContext(t)
+	c, reg := newCollector(t)
+	s := newSession(t, client, etcdlock.WithLocalHandoff(1), etcdlock.WithObserver(c))
+	name := lockName(t, "handoff")
+
+	// holdUntil locks, closes holding, and unlocks once release is closed.
+	holdUntil := func(holding, release chan struct{}) <-chan struct{} {
+		return worker(t, func() {
+			m := etcdlock.NewMutex(s, name)
+			if err := m.LockContext(ctx); err != nil {
+				t.Errorf("LockContext: got %v, want nil", err)
+				return
+			}
+			close(holding)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			if err := m.UnlockContext(ctx); err != nil {
+				t.Errorf("UnlockContext: got %v, want nil", err)
+			}
+		})
+	}
+	holding1, release1 := make(chan struct{}), make(chan struct{})
+	first := holdUntil(holding1, release1)
+	select {
+	case <-holding1:
+	case <-first:
+		t.FailNow()
+	}
+	holding2, release2 := make(chan struct{}), make(chan struct{})
+	second := holdUntil(holding2, release2)
+	waitValue(t, reg, 1, "etcdlock_acquisitions_in_progress", "primitive", "mutex")
+	close(release1)
+	<-first
+	select {
+	case <-holding2:
+	case <-second:
+		t.FailNow()
+	}
+	waitValue(t, reg, 1, "etcdlock_acquisitions_total", "primitive", "mutex", "outcome", "acquired", "contended", "true")
+	if got := value(t, reg, "etcdlock_holds", "primitive", "mutex"); got != 1 {
+		t.Errorf("etcdlock_holds after the hand-off: got %v, want 1", got)
+	}
+	close(release2)
+	<-second
+	closeSession(t, s)
+
+	if got := value(t, reg, "etcdlock_holds", "primitive", "mutex"); got != 0 {
+		t.Errorf("etcdlock_holds after both unlocks: got %v, want 0", got)
+	}
+	if got := value(t, reg, "etcdlock_releases_total", "primitive", "mutex", "result", "ok"); got != 1 {
+		t.Errorf("etcdlock_releases_total: got %v, want 1 (the key is deleted once)", got)
+	}
+	if n, _ := histogram(t, reg, "etcdlock_hold_duration_seconds", "primitive", "mutex"); n != 1 {
+		t.Errorf("etcdlock_hold_duration_seconds: got count %d, want 1 (a hand-off reports no end)", n)
+	}
+}
+
+// TestEventsDropped blocks the Session's observers while the lock path
+// makes more events than the Session queues: every event is either
+// delivered or counted in etcdlock_events_dropped_total.
+func TestEventsDropped(t *testing.T) {
+	client := etcdtest.Start(t).Client(t)
+	ctx := testContext(t)
+	c, reg := newCollector(t)
+	gate := make(chan struct{})
+	var open sync.Once
+	unblock := func() { open.Do(func() { close(gate) }) }
+	t.Cleanup(unblock)
+	var delivered, reported atomic.Int64
+	// The default TTL: no keep-alive probe (every 20 s) during the test.
+	s := newSession(t, client,
+		etcdlock.WithObserver(etcdlock.ObserverFunc(func(etcdlock.Event) { <-gate })),
+		etcdlock.WithObserver(c),
+		etcdlock.WithObserver(etcdlock.ObserverFunc(func(e etcdlock.Event) {
+			switch e.Kind {
+			case etcdlock.EventsDropped:
+				reported.Add(int64(e.Dropped))
+			case etcdlock.KeptAlive:
+			default:
+				delivered.Add(1)
+			}
+		})))
+	name := lockName(t, "busy")
+
+	// A goroutine of this process holds the lock: each try is busy at
+	// once, without a request to etcd, and makes two events.
+	holding, release := make(chan struct{}), make(chan struct{})
+	holder := worker(t, func() {
+		m := etcdlock.NewMutex(s, name)
+		if err := m.LockContext(ctx); err != nil {
+			t.Errorf("LockContext: got %v, want nil", err)
+			return
+		}
+		close(holding)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		if err := m.UnlockContext(ctx); err != nil {
+			t.Errorf("UnlockContext: got %v, want nil", err)
+		}
+	})
+	select {
+	case <-holding:
+	case <-holder:
+		t.FailNow()
+	}
+	const tries = 1500
+	m := etcdlock.NewMutex(s, name)
+	for range tries {
+		if ok, err := m.TryLockFor(ctx, 0); ok || err != nil {
+			t.Fatalf("TryLockFor(0) of a held lock: got %v, %v; want false, nil", ok, err)
+		}
+	}
+	unblock()
+	// Once the queue has room, the holder's release is queued, not dropped,
+	// and reports the drops before it.
+	waitFor(t, "the queue drains", func() bool { return delivered.Load() >= 1024 })
+	close(release)
+	<-holder
+	closeSession(t, s)
+
+	dropped := value(t, reg, "etcdlock_events_dropped_total")
+	t.Logf("%d events delivered, %v dropped", delivered.Load(), dropped)
+	const emitted = 2*tries + 4 // the tries, and the holder's start, end, release and hold end
+	switch {
+	case dropped <= 0:
+		t.Errorf("etcdlock_events_dropped_total: got %v, want > 0", dropped)
+	case int64(dropped) != reported.Load():
+		t.Errorf("etcdlock_events_dropped_total: got %v, want %d, the sum of EventsDropped", dropped, reported.Load())
+	case delivered.Load()+int64(dropped) != emitted:
+		t.Errorf("events delivered + dropped: got %d + %v, want %d", delivered.Load(), dropped, emitted)
+	}
+	if got := value(t, reg, "etcdlock_holds", "primitive", "mutex"); got != 0 {
+		t.Errorf("etcdlock_holds: got %v, want 0", got)
+	}
+}
+
+// TestKeepAliveSilent cuts the client off from etcd while a lock is held:
+// renewals fail, the margin shrinks, and the hold is lost for silence.
+func TestKeepAliveSilent(t *testing.T) {
+	srv := etcdtest.Start(t)
+	client, proxy := srv.ProxiedClient(t)
+	ctx := testContext(t)
+	c, reg := newCollector(t)
+	const ttl = 6 * time.Second
+	s := newSession(t, client, etcdlock.WithTTL(ttl), etcdlock.WithObserver(c))
+	m := etcdlock.NewMutex(s, lockName(t, "silent"))
+	lock(t, ctx, m)
+	lost := m.Done()
+
+	proxy.Blackhole()
+	t.Cleanup(proxy.Unblackhole)
+	select {
+	case <-lost:
+	case <-ctx.Done():
+		t.Fatal("Done never closed while etcd was cut off")
+	}
+	waitValue(t, reg, 1, "etcdlock_losses_total", "primitive", "mutex", "reason", "keepalive_silent")
+	waitValue(t, reg, 0, "etcdlock_holds", "primitive", "mutex")
+	// Each renewal waits TTL/3; one fails within 2/3 of the TTL.
+	waitFor(t, "a failed renewal", func() bool { return value(t, reg, "etcdlock_keepalive_failures_total") >= 1 })
+	// A renewal that failed after waiting TTL/3 left at most 2/3 of the TTL.
+	if margin := value(t, reg, "etcdlock_keepalive_margin_seconds"); margin > (ttl - ttl/3).Seconds() {
+		t.Errorf("etcdlock_keepalive_margin_seconds after a failed renewal: got %v, want at most %v", margin, (ttl - ttl/3).Seconds())
+	}
+	proxy.Unblackhole()
+}

@@ -52,10 +52,28 @@ func WithLockLabel() Option {
 
 // WithNamespace sets the prefix of every metric name: ns_acquire_wait_seconds
 // and so on. The default is "etcdlock"; "" leaves the names without prefix.
-// A namespace that is not a valid metric name prefix makes registering the
-// Collector fail.
+// Anything but letters, digits and underscores, or a digit first, makes
+// registering the Collector fail: such names need quoting in PromQL.
 func WithNamespace(ns string) Option {
-	return optionFunc(func(o *options) { o.namespace = ns })
+	return optionFunc(func(o *options) {
+		if !validNamespace(ns) {
+			o.invalid(fmt.Errorf("etcdlockprom: WithNamespace: %q: want letters, digits and underscores, not a digit first", ns))
+			return
+		}
+		o.namespace = ns
+	})
+}
+
+func validNamespace(ns string) bool {
+	for i, r := range ns {
+		switch {
+		case r == '_', 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z':
+		case '0' <= r && r <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // WithConstLabels adds labels with fixed values to every metric, for
