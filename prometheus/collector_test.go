@@ -524,3 +524,30 @@ func TestKeepAliveSilent(t *testing.T) {
 	}
 	proxy.Unblackhole()
 }
+
+// TestSessionClosed closes a Session while it holds two locks: the hold
+// whose Done is watched is reported lost and leaves etcdlock_holds; the
+// other stays, since nothing reports its end.
+func TestSessionClosed(t *testing.T) {
+	client := etcdtest.Start(t).Client(t)
+	ctx := testContext(t)
+	c, reg := newCollector(t)
+	s := newSession(t, client, etcdlock.WithObserver(c))
+	watched := etcdlock.NewMutex(s, lockName(t, "watched"))
+	lock(t, ctx, watched)
+	lost := watched.Done()
+	lock(t, ctx, etcdlock.NewMutex(s, lockName(t, "unwatched")))
+	waitValue(t, reg, 2, "etcdlock_holds", "primitive", "mutex")
+	closeSession(t, s)
+	select {
+	case <-lost:
+	default:
+		t.Error("Done still open after Close")
+	}
+	if got := value(t, reg, "etcdlock_losses_total", "primitive", "mutex", "reason", "session_ended"); got != 1 {
+		t.Errorf("etcdlock_losses_total{reason=session_ended}: got %v, want 1", got)
+	}
+	if got := value(t, reg, "etcdlock_holds", "primitive", "mutex"); got != 1 {
+		t.Errorf("etcdlock_holds after Close: got %v, want 1 (the unwatched hold)", got)
+	}
+}
