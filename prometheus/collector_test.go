@@ -41,34 +41,14 @@ func TestCollector(t *testing.T) {
 	name := lockName(t, "contended")
 	theirs := etcdlock.NewMutex(other, name)
 	lock(t, ctx, theirs)
-	acquired, release := make(chan struct{}), make(chan struct{})
-	done := worker(t, func() {
-		m := etcdlock.NewMutex(s, name)
-		if err := m.LockContext(ctx); err != nil {
-			t.Errorf("contended LockContext: got %v, want nil", err)
-			return
-		}
-		close(acquired)
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		if err := m.UnlockContext(ctx); err != nil {
-			t.Errorf("contended UnlockContext: got %v, want nil", err)
-		}
-	})
+	ours := holdMutex(t, ctx, s, name)
 	waitKeys(t, ctx, client, name, 2)
 	waitValue(t, reg, 1, "etcdlock_acquisitions_in_progress", "primitive", "mutex")
 	unlock(t, ctx, theirs)
-	select {
-	case <-acquired:
-	case <-done:
-		t.FailNow()
-	}
+	ours.waitHeld(t)
 	waitValue(t, reg, 1, "etcdlock_holds", "primitive", "mutex")
 	waitValue(t, reg, 0, "etcdlock_acquisitions_in_progress", "primitive", "mutex")
-	close(release)
-	<-done
+	ours.stop()
 
 	// Busy and timed out, against the other holder.
 	name = lockName(t, "held")
@@ -86,27 +66,8 @@ func TestCollector(t *testing.T) {
 
 	// Cancelled, waiting for a goroutine of this process.
 	name = lockName(t, "local")
-	holding, release := make(chan struct{}), make(chan struct{})
-	done = worker(t, func() {
-		m := etcdlock.NewMutex(s, name)
-		if err := m.LockContext(ctx); err != nil {
-			t.Errorf("local holder's LockContext: got %v, want nil", err)
-			return
-		}
-		close(holding)
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		if err := m.UnlockContext(ctx); err != nil {
-			t.Errorf("local holder's UnlockContext: got %v, want nil", err)
-		}
-	})
-	select {
-	case <-holding:
-	case <-done:
-		t.FailNow()
-	}
+	local := holdMutex(t, ctx, s, name)
+	local.waitHeld(t)
 	cctx, cancel := context.WithCancel(ctx)
 	waiting := worker(t, func() {
 		if err := etcdlock.NewMutex(s, name).LockContext(cctx); !errors.Is(err, context.Canceled) {
@@ -116,8 +77,7 @@ func TestCollector(t *testing.T) {
 	waitValue(t, reg, 1, "etcdlock_acquisitions_in_progress", "primitive", "mutex")
 	cancel()
 	<-waiting
-	close(release)
-	<-done
+	local.stop()
 
 	// Lost: the key is deleted while the hold's Done is watched.
 	m = etcdlock.NewMutex(s, lockName(t, "lost"))
@@ -127,11 +87,7 @@ func TestCollector(t *testing.T) {
 	if _, err := client.Delete(ctx, m.Key()); err != nil {
 		t.Fatalf("Delete: got %v, want nil", err)
 	}
-	select {
-	case <-lost:
-	case <-ctx.Done():
-		t.Fatal("Done never closed after the key was deleted")
-	}
+	waitClosed(t, ctx, lost, "Done, after the key was deleted")
 	waitValue(t, reg, 1, "etcdlock_losses_total", "primitive", "mutex", "reason", "key_deleted")
 	// Known lost, the hold no longer counts, though not released yet.
 	waitValue(t, reg, 0, "etcdlock_holds", "primitive", "mutex")
@@ -141,27 +97,13 @@ func TestCollector(t *testing.T) {
 
 	// Two readers of one RWMutex are two holds; then a writer.
 	rw := etcdlock.NewRWMutex(s, lockName(t, "rw"))
-	release = make(chan struct{})
-	var readers []<-chan struct{}
-	for range 2 {
-		readers = append(readers, worker(t, func() {
-			if err := rw.RLockContext(ctx); err != nil {
-				t.Errorf("RLockContext: got %v, want nil", err)
-				return
-			}
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			if err := rw.RUnlockContext(ctx); err != nil {
-				t.Errorf("RUnlockContext: got %v, want nil", err)
-			}
-		}))
+	readers := []*holder{
+		startHolder(t, ctx, rw.RLockContext, rw.RUnlockContext),
+		startHolder(t, ctx, rw.RLockContext, rw.RUnlockContext),
 	}
 	waitValue(t, reg, 2, "etcdlock_holds", "primitive", "read")
-	close(release)
 	for _, r := range readers {
-		<-r
+		r.stop()
 	}
 	waitValue(t, reg, 0, "etcdlock_holds", "primitive", "read")
 	if err := rw.LockContext(ctx); err != nil {
@@ -359,47 +301,17 @@ func TestLocalHandoff(t *testing.T) {
 	s := newSession(t, client, etcdlock.WithLocalHandoff(1), etcdlock.WithObserver(c))
 	name := lockName(t, "handoff")
 
-	// holdUntil locks, closes holding, and unlocks once release is closed.
-	holdUntil := func(holding, release chan struct{}) <-chan struct{} {
-		return worker(t, func() {
-			m := etcdlock.NewMutex(s, name)
-			if err := m.LockContext(ctx); err != nil {
-				t.Errorf("LockContext: got %v, want nil", err)
-				return
-			}
-			close(holding)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			if err := m.UnlockContext(ctx); err != nil {
-				t.Errorf("UnlockContext: got %v, want nil", err)
-			}
-		})
-	}
-	holding1, release1 := make(chan struct{}), make(chan struct{})
-	first := holdUntil(holding1, release1)
-	select {
-	case <-holding1:
-	case <-first:
-		t.FailNow()
-	}
-	holding2, release2 := make(chan struct{}), make(chan struct{})
-	second := holdUntil(holding2, release2)
+	first := holdMutex(t, ctx, s, name)
+	first.waitHeld(t)
+	second := holdMutex(t, ctx, s, name)
 	waitValue(t, reg, 1, "etcdlock_acquisitions_in_progress", "primitive", "mutex")
-	close(release1)
-	<-first
-	select {
-	case <-holding2:
-	case <-second:
-		t.FailNow()
-	}
+	first.stop()
+	second.waitHeld(t)
 	waitValue(t, reg, 1, "etcdlock_acquisitions_total", "primitive", "mutex", "outcome", "acquired", "contended", "true")
 	if got := value(t, reg, "etcdlock_holds", "primitive", "mutex"); got != 1 {
 		t.Errorf("etcdlock_holds after the hand-off: got %v, want 1", got)
 	}
-	close(release2)
-	<-second
+	second.stop()
 	closeSession(t, s)
 
 	if got := value(t, reg, "etcdlock_holds", "primitive", "mutex"); got != 0 {
@@ -442,27 +354,8 @@ func TestEventsDropped(t *testing.T) {
 
 	// A goroutine of this process holds the lock: each try is busy at
 	// once, without a request to etcd, and makes two events.
-	holding, release := make(chan struct{}), make(chan struct{})
-	holder := worker(t, func() {
-		m := etcdlock.NewMutex(s, name)
-		if err := m.LockContext(ctx); err != nil {
-			t.Errorf("LockContext: got %v, want nil", err)
-			return
-		}
-		close(holding)
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		if err := m.UnlockContext(ctx); err != nil {
-			t.Errorf("UnlockContext: got %v, want nil", err)
-		}
-	})
-	select {
-	case <-holding:
-	case <-holder:
-		t.FailNow()
-	}
+	local := holdMutex(t, ctx, s, name)
+	local.waitHeld(t)
 	const tries = 1500
 	m := etcdlock.NewMutex(s, name)
 	for range tries {
@@ -474,8 +367,7 @@ func TestEventsDropped(t *testing.T) {
 	// Once the queue has room, the holder's release is queued, not dropped,
 	// and reports the drops before it.
 	waitFor(t, "the queue drains", func() bool { return delivered.Load() >= 1024 })
-	close(release)
-	<-holder
+	local.stop()
 	closeSession(t, s)
 
 	dropped := value(t, reg, "etcdlock_events_dropped_total")
@@ -509,11 +401,7 @@ func TestKeepAliveSilent(t *testing.T) {
 
 	proxy.Blackhole()
 	t.Cleanup(proxy.Unblackhole)
-	select {
-	case <-lost:
-	case <-ctx.Done():
-		t.Fatal("Done never closed while etcd was cut off")
-	}
+	waitClosed(t, ctx, lost, "Done, while etcd was cut off")
 	waitValue(t, reg, 1, "etcdlock_losses_total", "primitive", "mutex", "reason", "keepalive_silent")
 	waitValue(t, reg, 0, "etcdlock_holds", "primitive", "mutex")
 	// Each renewal waits TTL/3; one fails within 2/3 of the TTL.

@@ -149,6 +149,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// waitClosed waits until ch is closed, and fails the test if ctx ends
+// first.
+func waitClosed(t *testing.T, ctx context.Context, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		t.Fatalf("%s: never closed", what)
+	}
+}
+
 // waitValue waits until the counter or gauge series is want.
 func waitValue(t *testing.T, reg prometheus.Gatherer, want float64, name string, labels ...string) {
 	t.Helper()
@@ -174,4 +185,56 @@ func worker(t *testing.T, f func()) <-chan struct{} {
 	}()
 	t.Cleanup(func() { <-done })
 	return done
+}
+
+// A holder is a goroutine that takes a lock and holds it until released:
+// locks are held per goroutine.
+type holder struct {
+	held    chan struct{} // closed once the lock is held
+	release chan struct{}
+	done    <-chan struct{}
+}
+
+// startHolder calls lock in a goroutine of its own, then unlock once the
+// holder is released or ctx ends.
+func startHolder(t *testing.T, ctx context.Context, lock, unlock func(context.Context) error) *holder {
+	h := &holder{held: make(chan struct{}), release: make(chan struct{})}
+	h.done = worker(t, func() {
+		if err := lock(ctx); err != nil {
+			t.Errorf("holder's lock: got %v, want nil", err)
+			return
+		}
+		close(h.held)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		if err := unlock(ctx); err != nil {
+			t.Errorf("holder's unlock: got %v, want nil", err)
+		}
+	})
+	return h
+}
+
+// holdMutex starts a holder of the Mutex name of s.
+func holdMutex(t *testing.T, ctx context.Context, s *etcdlock.Session, name string) *holder {
+	m := etcdlock.NewMutex(s, name)
+	return startHolder(t, ctx, m.LockContext, m.UnlockContext)
+}
+
+// waitHeld waits until the holder holds its lock; it fails the test if the
+// holder ends first.
+func (h *holder) waitHeld(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.held:
+	case <-h.done:
+		t.FailNow()
+	}
+}
+
+// stop releases the lock and waits for the holder to end.
+func (h *holder) stop() {
+	close(h.release)
+	<-h.done
 }
