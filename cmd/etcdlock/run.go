@@ -76,6 +76,7 @@ func (w *waitFlag) Set(s string) error {
 
 type runOptions struct {
 	conn  connFlags
+	obs   observeFlags
 	ttl   time.Duration
 	wait  waitFlag
 	grace time.Duration
@@ -88,6 +89,7 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once")
 	c.DurationVar(&o.grace, "kill-grace", defaultKillGrace, "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once")
 	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace"}})
+	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
 }
@@ -117,6 +119,11 @@ func runCommand(args []string, sio stdio) error {
 	if err != nil {
 		return err
 	}
+	obs, err := o.obs.start(sio)
+	if err != nil {
+		return err
+	}
+	defer obs.stop()
 
 	sigs := make(chan os.Signal, 8)
 	// A signal ignored at start (nohup, a script's background job) stays
@@ -131,7 +138,7 @@ func runCommand(args []string, sio stdio) error {
 		signal.Notify(sigs, caught...)
 		defer signal.Stop(sigs)
 	}
-	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs}
+	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs}
 	return r.run()
 }
 
@@ -144,6 +151,7 @@ type runner struct {
 	cfg     clientv3.Config
 	sio     stdio
 	sigs    chan os.Signal
+	obs     *observing
 
 	cli *clientv3.Client
 	s   *etcdlock.Session
@@ -206,7 +214,7 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	r.cli = cli
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(r.opts.ttl))
+	s, err := etcdlock.NewSession(cli, append([]etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl)}, r.obs.opts...)...)
 	if err != nil {
 		return false, unavailable(r.cfg, err)
 	}
