@@ -129,11 +129,11 @@ func (t *ticket) enter(ctx context.Context, wait time.Duration) error {
 		return err
 	}
 	if !p.holds() {
+		t.contended = true
 		if wait == tryOnly {
 			return errBusy
 		}
 		// The place came from the acquire Txn: nobody was behind us.
-		t.contended = true
 		if p, err = t.wait(ctx, p); err != nil {
 			return err
 		}
@@ -552,15 +552,16 @@ func (t *ticket) releaseLater(then func()) {
 // retried in the background, and then runs after it. Otherwise then runs
 // before unlock returns.
 func (t *ticket) unlock(ctx context.Context, h *hold, then func()) error {
+	h.reportEnd()
 	if t.s.expired() {
-		t.released(h, false, nil)
+		t.released(false, nil)
 		if then != nil {
 			then()
 		}
 		return ErrSessionExpired
 	}
 	deleted, err := t.release(ctx, unlockTimeout)
-	t.released(h, deleted, err)
+	t.released(deleted, err)
 	if err != nil {
 		t.releaseLater(then)
 		return err

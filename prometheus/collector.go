@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -48,14 +50,23 @@ type Collector struct {
 	failures     prometheus.Counter
 	dropped      prometheus.Counter
 
-	mu   sync.Mutex
-	live map[holdID][]string // the holds counted in holds, with their labels
+	mu       sync.Mutex
+	live     map[holdID][]string   // the holds counted in holds, with their labels
+	inflight map[flightID]int      // acquisitions counted in inProgress, by Session and labels
+	labels   map[flightID][]string // the labels of a flightID
 }
 
-// holdID names one hold: its key and fencing token.
+// holdID names one hold: its Session's lease, its key and fencing token.
 type holdID struct {
+	lease clientv3.LeaseID
 	key   string
 	token int64
+}
+
+// flightID names the acquisitions of one Session with one set of labels.
+type flightID struct {
+	lease  clientv3.LeaseID
+	labels string
 }
 
 // New returns a Collector. Invalid options (buckets out of order, a
@@ -83,7 +94,7 @@ func New(opts ...Option) *Collector {
 		return &Collector{err: o.err}
 	}
 
-	c := &Collector{lockLabel: o.lockLabel, live: make(map[holdID][]string)}
+	c := &Collector{lockLabel: o.lockLabel, live: make(map[holdID][]string), inflight: make(map[flightID]int), labels: make(map[flightID][]string)}
 	labels := func(extra ...string) []string {
 		l := []string{labelPrimitive}
 		if o.lockLabel {
@@ -182,9 +193,9 @@ func (c *Collector) Observe(e etcdlock.Event) {
 	}
 	switch e.Kind {
 	case etcdlock.AcquireStarted:
-		c.inProgress.WithLabelValues(c.values(e)...).Inc()
+		c.flying(e, 1)
 	case etcdlock.AcquireEnded:
-		c.inProgress.WithLabelValues(c.values(e)...).Dec()
+		c.flying(e, -1)
 		c.wait.WithLabelValues(c.values(e, string(e.Outcome))...).Observe(e.Wait.Seconds())
 		// A busy try found the lock held: contended, though it did not wait.
 		contended := e.Contended || e.Outcome == etcdlock.OutcomeBusy
@@ -216,6 +227,46 @@ func (c *Collector) Observe(e etcdlock.Event) {
 		}
 	case etcdlock.EventsDropped:
 		c.dropped.Add(float64(e.Dropped))
+	case etcdlock.SessionClosed:
+		c.closed(e.Lease)
+	}
+}
+
+// flying counts an acquisition of e's Session in or out of inProgress.
+func (c *Collector) flying(e etcdlock.Event, n int) {
+	lv := c.values(e)
+	id := flightID{e.Lease, strings.Join(lv, "\x00")}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight[id]+n < 0 {
+		return // its start was dropped
+	}
+	c.inflight[id] += n
+	c.labels[id] = lv
+	if c.inflight[id] == 0 {
+		delete(c.inflight, id)
+		delete(c.labels, id)
+	}
+	c.inProgress.WithLabelValues(lv...).Add(float64(n))
+}
+
+// closed stops counting the holds and acquisitions of a closed Session:
+// whatever it reports after its close is not delivered.
+func (c *Collector) closed(lease clientv3.LeaseID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, lv := range c.live {
+		if id.lease == lease {
+			delete(c.live, id)
+			c.holds.WithLabelValues(lv...).Dec()
+		}
+	}
+	for id, n := range c.inflight {
+		if id.lease == lease {
+			c.inProgress.WithLabelValues(c.labels[id]...).Sub(float64(n))
+			delete(c.inflight, id)
+			delete(c.labels, id)
+		}
 	}
 }
 
@@ -230,11 +281,10 @@ func (c *Collector) values(e etcdlock.Event, extra ...string) []string {
 	return append(lv, extra...)
 }
 
-// held counts the hold that e acquired, unless it is counted already: a
-// local hand-off (etcdlock.WithLocalHandoff) passes a hold, key and token,
-// to the next goroutine, and reports a new acquisition but no end.
+// held counts the hold that e acquired, unless it is counted already (a
+// hold lost and then released is ended once, whichever is reported first).
 func (c *Collector) held(e etcdlock.Event) {
-	id := holdID{e.Key, e.Token}
+	id := holdID{e.Lease, e.Key, e.Token}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.live[id]; ok {
@@ -248,7 +298,7 @@ func (c *Collector) held(e etcdlock.Event) {
 // ended stops counting the hold of e, if it is counted: a hold ends once,
 // when it is released or when it is known lost, whichever comes first.
 func (c *Collector) ended(e etcdlock.Event) {
-	id := holdID{e.Key, e.Token}
+	id := holdID{e.Lease, e.Key, e.Token}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	lv, ok := c.live[id]
