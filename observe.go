@@ -75,10 +75,10 @@ type Event struct {
 	Kind      EventKind
 	Time      time.Time        // when it happened
 	Lease     clientv3.LeaseID // the Session's lease: which Session it happened to
-	Lock      string    // the lock's name
-	Primitive string    // KindMutex, KindRead, KindWrite or KindSemaphore
-	Key       string    // our key, once known
-	Token     int64     // the hold's fencing token, once known
+	Lock      string           // the lock's name
+	Primitive string           // KindMutex, KindRead, KindWrite or KindSemaphore
+	Key       string           // our key, once known
+	Token     int64            // the hold's fencing token, once known
 
 	Outcome   Outcome       // AcquireEnded
 	Contended bool          // AcquireEnded: it had to wait for another holder
