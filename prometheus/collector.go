@@ -47,6 +47,7 @@ type Collector struct {
 	releases     *prometheus.CounterVec
 	rtt          prometheus.Histogram
 	margin       prometheus.Gauge
+	ttl          prometheus.Gauge
 	failures     prometheus.Counter
 	dropped      prometheus.Counter
 
@@ -138,6 +139,10 @@ func New(opts ...Option) *Collector {
 		Namespace: o.namespace, Name: "keepalive_margin_seconds", ConstLabels: o.constLabels,
 		Help: "At the last lease renewal, how long the lease still had before it could expire, in seconds.",
 	})
+	c.ttl = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: o.namespace, Name: "lease_ttl_seconds", ConstLabels: o.constLabels,
+		Help: "The TTL of the lease last renewed, in seconds: what the keep-alive margin counts down from.",
+	})
 	c.failures = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: o.namespace, Name: "keepalive_failures_total", ConstLabels: o.constLabels,
 		Help: "Lease renewals that failed.",
@@ -181,7 +186,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 func (c *Collector) metrics() []prometheus.Collector {
 	return []prometheus.Collector{
 		c.wait, c.acquisitions, c.inProgress, c.hold, c.holds, c.losses, c.releases,
-		c.rtt, c.margin, c.failures, c.dropped,
+		c.rtt, c.margin, c.ttl, c.failures, c.dropped,
 	}
 }
 
@@ -220,6 +225,7 @@ func (c *Collector) Observe(e etcdlock.Event) {
 		c.releases.WithLabelValues(c.values(e, result)...).Inc()
 	case etcdlock.KeptAlive:
 		c.margin.Set(e.Margin.Seconds())
+		c.ttl.Set(e.TTL.Seconds())
 		if e.Err != nil {
 			c.failures.Inc()
 		} else {

@@ -207,6 +207,9 @@ etcdlock_events_dropped_total 0
 	if n, sum := histogram(t, reg, "etcdlock_keepalive_rtt_seconds"); n == 0 || sum <= 0 {
 		t.Errorf("etcdlock_keepalive_rtt_seconds: got count %d, sum %v; want count > 0, sum > 0", n, sum)
 	}
+	if got := value(t, reg, "etcdlock_lease_ttl_seconds"); got != ttl.Seconds() {
+		t.Errorf("etcdlock_lease_ttl_seconds: got %v, want %v", got, ttl.Seconds())
+	}
 	if margin := value(t, reg, "etcdlock_keepalive_margin_seconds"); margin <= 0 || margin > ttl.Seconds() {
 		t.Errorf("etcdlock_keepalive_margin_seconds: got %v, want in (0, %v]", margin, ttl.Seconds())
 	}
