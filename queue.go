@@ -145,6 +145,8 @@ func (t *ticket) enter(ctx context.Context, wait time.Duration) error {
 }
 
 // enqueue puts our key, if it is not there, and reads its place, in one Txn.
+// When nothing is under the blocking prefix, it only puts: we hold, and
+// there is nothing to read.
 func (t *ticket) enqueue(ctx context.Context) (place, error) {
 	c := t.s.client
 	// D3: if ctx ends while etcd applies the Txn, wait a little for the
@@ -154,15 +156,18 @@ func (t *ticket) enqueue(ctx context.Context) (place, error) {
 	defer cancel()
 	t.dirty = true
 	resp, err := c.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
-		Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
-		Else(clientv3.OpGet(t.key)).
+		If(clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "=", 0).WithPrefix()).
+		Then(t.put()).
+		Else(clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)},
+			append([]clientv3.Op{t.put()}, t.rule.newest()...),
+			[]clientv3.Op{clientv3.OpGet(t.key)})).
 		Commit()
 	if err != nil {
 		// D3: the Txn may have been applied though the reply was lost.
 		return place{}, err
 	}
-	p, err := t.placed(resp)
+	p, err := t.entered(resp)
 	if err != nil {
 		return p, err
 	}
@@ -232,6 +237,26 @@ func (t *ticket) try(ctx context.Context) (place, error) {
 // put is the Op that puts our key with the Session's lease.
 func (t *ticket) put() clientv3.Op {
 	return clientv3.OpPut(t.key, t.value, clientv3.WithLease(t.s.Lease()))
+}
+
+// entered reads the reply of enqueue's Txn: the put alone, into an empty
+// queue, or the reply of the Txn nested in its else-branch (see placed).
+func (t *ticket) entered(resp *clientv3.TxnResponse) (place, error) {
+	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 || len(resp.Responses) != 1 {
+		return place{}, errMalformed
+	}
+	if resp.Succeeded {
+		if resp.Responses[0].GetResponsePut() == nil {
+			return place{}, errMalformed
+		}
+		t.rev = resp.Header.Revision
+		return place{seen: t.rev}, nil
+	}
+	inner := resp.Responses[0].GetResponseTxn()
+	if inner == nil {
+		return place{}, errMalformed
+	}
+	return t.placed(&clientv3.TxnResponse{Header: resp.Header, Succeeded: inner.Succeeded, Responses: inner.Responses})
 }
 
 // placed reads the reply of a Txn that put our key if it was absent and then
