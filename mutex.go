@@ -125,11 +125,8 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	if err := m.check(ctx); err != nil {
 		return false, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := startable(ctx, m.s); err != nil {
 		return false, err
-	}
-	if m.s.expired() {
-		return false, ErrSessionExpired
 	}
 	st, how, w := m.enter(ctx, wait == tryOnly)
 	if how == reentered {
@@ -180,14 +177,10 @@ func (m *Mutex) enter(ctx context.Context, try bool) (*lockState, entry, *waiter
 // failed returns the error of an acquisition that did not take the lock:
 // nil where the try or the wait ran out.
 func (m *Mutex) failed(ctx, opCtx context.Context, err error) error {
-	err = acquireError(ctx, opCtx, m.s, err)
-	switch {
-	case errors.Is(err, errBusy):
+	if err = failure(ctx, opCtx, m.s, m.name, err); errors.Is(err, errBusy) {
 		return nil
-	case err == ctx.Err() || errors.Is(err, ErrSessionExpired):
-		return err
 	}
-	return errorf("lock", m.name, err)
+	return err
 }
 
 // ticket returns our key in the lock's queue, for a new acquisition.
@@ -219,11 +212,7 @@ func (m *Mutex) UnlockContext(ctx context.Context) error {
 	case stillHeld, handedOn:
 		return nil
 	}
-	err := h.t.unlock(ctx, h, st.passTurn)
-	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrSessionExpired) {
-		return errorf("unlock", m.name, err)
-	}
-	return err
+	return h.t.unlock(ctx, h, st.passTurn)
 }
 
 // HoldCount returns the number of holds of the calling goroutine: 0 when it

@@ -573,9 +573,9 @@ func (t *ticket) releaseLater(then func()) {
 
 // unlock releases the key of hold h (ended already): it returns nil when it
 // was deleted, ErrSessionExpired or ErrLockLost when it was already gone, and
-// etcd's error when etcd did not confirm the delete; the delete is then
-// retried in the background, and then runs after it. Otherwise then runs
-// before unlock returns.
+// etcd's error, wrapped, when etcd did not confirm the delete; the delete is
+// then retried in the background, and then runs after it. Otherwise then
+// runs before unlock returns.
 func (t *ticket) unlock(ctx context.Context, h *hold, then func()) error {
 	h.reportEnd()
 	if t.s.expired() {
@@ -589,7 +589,7 @@ func (t *ticket) unlock(ctx context.Context, h *hold, then func()) error {
 	t.released(deleted, err)
 	if err != nil {
 		t.releaseLater(then)
-		return err
+		return errorf("unlock", t.lock, err)
 	}
 	if then != nil {
 		then()
@@ -603,10 +603,24 @@ func (t *ticket) unlock(ctx context.Context, h *hold, then func()) error {
 	return nil
 }
 
-// acquireError returns the error of an acquisition that did not take the
-// lock: the caller's context's first, then ErrSessionExpired, then errBusy
-// for a try or a wait (opCtx's own deadline) that ran out, else err.
-func acquireError(ctx, opCtx context.Context, s *Session, err error) error {
+// startable returns the error that ends an acquisition before it starts:
+// ctx's, or ErrSessionExpired.
+func startable(ctx context.Context, s *Session) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if s.expired() {
+		return ErrSessionExpired
+	}
+	return nil
+}
+
+// failure returns the error of an acquisition of the lock name that did not
+// take the lock: errBusy where a try or the wait (opCtx's own deadline) ran
+// out, which each primitive reports its own way; else the caller's context's
+// error; else ErrSessionExpired; else err, wrapped with the lock's name
+// unless it is ErrLimitMismatch.
+func failure(ctx, opCtx context.Context, s *Session, name string, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
@@ -614,8 +628,10 @@ func acquireError(ctx, opCtx context.Context, s *Session, err error) error {
 		return ErrSessionExpired
 	case errors.Is(err, errBusy), errors.Is(opCtx.Err(), context.DeadlineExceeded):
 		return errBusy
+	case errors.Is(err, ErrLimitMismatch):
+		return err
 	}
-	return err
+	return errorf("lock", name, err)
 }
 
 // isLockKey reports whether key is a waiter's or holder's key of the lock

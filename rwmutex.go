@@ -146,11 +146,8 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 	if err := rw.check(ctx); err != nil {
 		return false, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := startable(ctx, rw.s); err != nil {
 		return false, err
-	}
-	if rw.s.expired() {
-		return false, ErrSessionExpired
 	}
 	if st := rw.state(false); st != nil {
 		if again, err := st.enter(write); again || err != nil {
@@ -166,13 +163,8 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 	opCtx, cancel := rw.s.opContext(ctx, wait)
 	defer cancel()
 	if err := t.acquire(opCtx, wait, nil); err != nil {
-		err = acquireError(ctx, opCtx, rw.s, err)
-		switch {
-		case errors.Is(err, errBusy):
+		if err = failure(ctx, opCtx, rw.s, rw.name, err); errors.Is(err, errBusy) {
 			err = nil
-		case err == ctx.Err() || errors.Is(err, ErrSessionExpired):
-		default:
-			err = errorf("lock", rw.name, err)
 		}
 		a.end(t, false, t.contended, wait, err)
 		return false, err
@@ -216,11 +208,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 	case stillHeld:
 		return nil
 	}
-	err := r.h.t.unlock(ctx, r.h, nil)
-	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrSessionExpired) {
-		return errorf("unlock", rw.name, err)
-	}
-	return err
+	return r.h.t.unlock(ctx, r.h, nil)
 }
 
 // HoldCount returns the number of holds of the calling goroutine, write and

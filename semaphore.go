@@ -122,11 +122,8 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	if err := sem.check(ctx); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := startable(ctx, sem.s); err != nil {
 		return nil, err
-	}
-	if sem.s.expired() {
-		return nil, ErrSessionExpired
 	}
 	t := &ticket{
 		s:     sem.s,
@@ -140,13 +137,8 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	opCtx, cancel := sem.s.opContext(ctx, wait)
 	defer cancel()
 	if err := t.acquire(opCtx, wait, nil); err != nil {
-		err = acquireError(ctx, opCtx, sem.s, err)
-		switch {
-		case errors.Is(err, errBusy):
+		if err = failure(ctx, opCtx, sem.s, sem.name, err); errors.Is(err, errBusy) {
 			err = ErrNoPermit
-		case err == ctx.Err() || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrLimitMismatch):
-		default:
-			err = errorf("acquire", sem.name, err)
 		}
 		a.end(t, false, t.contended, wait, err)
 		return nil, err
@@ -200,11 +192,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	p.released = true
 	p.mu.Unlock()
 	p.h.end()
-	err := p.h.t.unlock(ctx, p.h, nil)
-	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrSessionExpired) {
-		return errorf("release", p.sem.name, err)
-	}
-	return err
+	return p.h.t.unlock(ctx, p.h, nil)
 }
 
 // Key returns the permit's etcd key, "" once released.
