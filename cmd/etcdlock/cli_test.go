@@ -10,7 +10,8 @@ import (
 )
 
 // callCLI runs the command line in this process with env as its environment.
-// Only calls that stop before reaching etcd belong here.
+// Only calls that stop before reaching etcd, or run on an etcd of their own
+// (demo), belong here.
 func callCLI(env map[string]string, args ...string) (code int, stdout, stderr string) {
 	var out, errOut strings.Builder
 	code = cli(args, stdio{out: &out, err: &errOut, getenv: func(k string) string { return env[k] }})
