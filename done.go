@@ -41,23 +41,16 @@ func (h *hold) again() *hold { return h.t.newHold() }
 // token returns the hold's fencing token.
 func (h *hold) token() int64 { return h.t.rev }
 
-// signal closes the hold's channel, once.
-func (h *hold) signal() {
+// end is called when the hold is released: it closes the channel and stops
+// the monitor. A loss the monitor finds after this is no loss.
+func (h *hold) end() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.ended = true
 	if !h.signaled {
 		h.signaled = true
 		close(h.done)
 	}
-}
-
-// end is called when the hold is released: it closes the channel and stops
-// the monitor.
-func (h *hold) end() {
-	h.signal()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.ended = true
 	if h.stop != nil {
 		h.stop()
 	}
@@ -96,9 +89,14 @@ func (h *hold) monitor(ctx context.Context) {
 	for from := h.token() + 1; from != 0; {
 		from, why = h.watchLoss(ctx, from)
 	}
-	h.signal()
+	// Closing the channel and deciding that it is a loss happen at once:
+	// an end (release) is either before both or after both.
 	h.mu.Lock()
 	ended := h.ended
+	if !h.signaled {
+		h.signaled = true
+		close(h.done)
+	}
 	h.mu.Unlock()
 	if s := h.t.s; !ended && s.observing() {
 		if s.expired() {

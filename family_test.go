@@ -83,7 +83,7 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 			contended bool // a holder blocks us
 			skip      int  // Txns let through before the cancel
 			lose      bool // the reply is lost
-			release   bool // the holder unlocks once our key is queued
+			release   bool // the holder unlocks once our key is queued behind another waiter
 		}{
 			{name: "Lock", lose: true},
 			{name: "Lock reply after cancel"},
@@ -92,7 +92,9 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 			{name: "TryLock no wait", try: true, lose: true},
 			{name: "Lock queued", contended: true, lose: true},
 			{name: "TryLock queued", try: true, wait: 5 * time.Second, contended: true, lose: true},
-			// The read after the holder's release is a Txn too.
+			// The read after a wake-up is a Txn too. A waiter between the
+			// holder and us makes every primitive read when the holder goes
+			// (a Mutex's only waiter takes the holder's delete with no read).
 			{name: "Lock waiting", contended: true, skip: 1, lose: true, release: true},
 			{name: "TryLock waiting", try: true, wait: 5 * time.Second, contended: true, skip: 1, lose: true, release: true},
 		} {
@@ -109,7 +111,11 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 					}
 				}
 				released := make(chan error, 1)
+				var middle *worker
 				if tc.release {
+					keys := len(lockKeys(t, client, name))
+					middle = lockInGoroutine(t, ctx, famLocker{p.open(newSession(t, client), name)})
+					eventually(t, "the middle waiter queued", func() bool { return len(lockKeys(t, client, name)) > keys })
 					before := len(lockKeys(t, client, name))
 					go func() {
 						if err := waitUntil(ctx, func() bool { return len(lockKeys(t, client, name)) > before }); err != nil {
@@ -148,6 +154,12 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 				}
 				if tc.release {
 					if err := <-released; err != nil {
+						t.Fatal(err)
+					}
+					if err := waitErr(t, middle.locked); err != nil {
+						t.Fatal(err)
+					}
+					if err := middle.Release(); err != nil {
 						t.Fatal(err)
 					}
 				} else if holder != nil {

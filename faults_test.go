@@ -107,9 +107,10 @@ func failWith(err error) func(context.Context, func() error) error {
 // watchCreate is one watch creation seen on a client's watch stream.
 type watchCreate struct {
 	key     string
-	start   int64 // the requested start revision; 0 is "from now"
-	before  int64 // the store's revision, read just before the request was sent
-	created int64 // the header revision of etcd's "created" reply; 0 if none came
+	end     string // the range's end; "" for one key
+	start   int64  // the requested start revision; 0 is "from now"
+	before  int64  // the store's revision, read just before the request was sent
+	created int64  // the header revision of etcd's "created" reply; 0 if none came
 }
 
 // watchRecorder is a stream interceptor that records every watch created on
@@ -123,12 +124,14 @@ type watchRecorder struct {
 	acked   map[clientv3.LeaseID]bool
 }
 
-// watching reports whether a watch on key has been created.
+// watching reports whether a watch of key, alone or in a range, has been
+// created.
 func (r *watchRecorder) watching(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, c := range r.creates {
-		if c.key == key && c.created != 0 {
+		covers := c.key == key || c.end != "" && c.key <= key && key < c.end
+		if covers && c.created != 0 {
 			return true
 		}
 	}
@@ -171,7 +174,7 @@ type recordingStream struct {
 func (s *recordingStream) SendMsg(m any) error {
 	if req, ok := m.(*pb.WatchRequest); ok {
 		if cr := req.GetCreateRequest(); cr != nil {
-			c := &watchCreate{key: string(cr.Key), start: cr.StartRevision, before: s.r.rev()}
+			c := &watchCreate{key: string(cr.Key), end: string(cr.RangeEnd), start: cr.StartRevision, before: s.r.rev()}
 			s.r.mu.Lock()
 			s.r.creates = append(s.r.creates, c)
 			s.pending = append(s.pending, c)

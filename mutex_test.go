@@ -6,6 +6,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -397,5 +398,61 @@ func TestIsOwner(t *testing.T) {
 	}
 	if !put(m.IsOwner()) {
 		t.Error("Txn guarded by the current hold failed")
+	}
+}
+
+// TestWaiterKeyDeletedWithHolder: the only waiter takes the holder's delete
+// as the hold, with no read, but not when its own key went first or in the
+// same Txn: then it queues again with a new key, and its token is that
+// key's.
+func TestWaiterKeyDeletedWithHolder(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	for _, sameTxn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("same Txn %v", sameTxn), func(t *testing.T) {
+			name := lockName(t)
+			holder := etcdlock.NewMutex(newSession(t, client), name)
+			if err := holder.LockContext(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s := newSession(t, client)
+			w := lockInGoroutine(t, ctx, oursOn(s, name))
+			ours := keyOf(name, s.Lease())
+			eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == 2 })
+			time.Sleep(ownWait)
+			var deleted int64
+			if sameTxn {
+				resp, err := client.Txn(ctx).Then(clientv3.OpDelete(ours), clientv3.OpDelete(holder.Key())).Commit()
+				if err != nil {
+					t.Fatal(err)
+				}
+				deleted = resp.Header.Revision
+			} else {
+				resp, err := client.Delete(ctx, ours)
+				if err != nil {
+					t.Fatal(err)
+				}
+				deleted = resp.Header.Revision
+				if _, err := client.Delete(ctx, holder.Key()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := waitErr(t, w.locked); err != nil {
+				t.Fatalf("waiter: %v", err)
+			}
+			got := etcdlock.NewMutex(s, name).Token()
+			if got <= deleted {
+				t.Errorf("waiter's token: got %d, want a key put after its own was deleted at %d", got, deleted)
+			}
+			if keys := lockKeys(t, client, name); len(keys) != 1 || keys[0] != ours {
+				t.Errorf("keys: got %q, want the waiter's new key", keys)
+			}
+			if err := w.Release(); err != nil {
+				t.Fatal(err)
+			}
+			if err := holder.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+				t.Errorf("holder's unlock: got %v, want ErrLockLost", err)
+			}
+		})
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // An Observer receives what happens to the locks of a Session: acquisitions
@@ -39,8 +41,9 @@ const (
 	HoldEnded      EventKind = "hold_ended"      // the last unlock (or a permit's release): Held
 	HoldLost       EventKind = "hold_lost"       // Done closed while held: Reason
 	Released       EventKind = "released"        // the release's delete: Err, FencedMiss
-	KeptAlive      EventKind = "kept_alive"      // a keep-alive round trip: RTT, Margin, Err
+	KeptAlive      EventKind = "kept_alive"      // a keep-alive round trip: RTT, Margin, TTL, Err
 	EventsDropped  EventKind = "events_dropped"  // Dropped events were lost: the Observer was too slow
+	SessionClosed  EventKind = "session_closed"  // Close was called: the Session's holds have ended; the last event
 )
 
 // An Outcome is how an acquisition ended.
@@ -70,11 +73,12 @@ const (
 // its Kind are zero.
 type Event struct {
 	Kind      EventKind
-	Time      time.Time // when it happened
-	Lock      string    // the lock's name
-	Primitive string    // KindMutex, KindRead, KindWrite or KindSemaphore
-	Key       string    // our key, once known
-	Token     int64     // the hold's fencing token, once known
+	Time      time.Time        // when it happened
+	Lease     clientv3.LeaseID // the Session's lease: which Session it happened to
+	Lock      string           // the lock's name
+	Primitive string           // KindMutex, KindRead, KindWrite or KindSemaphore
+	Key       string           // our key, once known
+	Token     int64            // the hold's fencing token, once known
 
 	Outcome   Outcome       // AcquireEnded
 	Contended bool          // AcquireEnded: it had to wait for another holder
@@ -90,7 +94,8 @@ type Event struct {
 	// expire when the renewal was answered, counted from the renewal
 	// before it. It shrinks when renewals are slow or lost.
 	Margin  time.Duration
-	Dropped int // EventsDropped
+	TTL     time.Duration // KeptAlive: the lease's TTL, which Margin counts down from
+	Dropped int           // EventsDropped
 }
 
 // WithObserver adds o to the Session's observers (see Observer). The default
@@ -126,11 +131,15 @@ const eventBuffer = 1024
 func (s *Session) observing() bool { return s.events != nil }
 
 // emit queues e for the observers, never blocking: when the queue is full,
-// e is dropped and counted.
+// e is dropped and counted. After Close, nothing is delivered.
 func (s *Session) emit(e Event) {
+	if s.delivered.Load() {
+		return
+	}
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
+	e.Lease = s.Lease()
 	select {
 	case s.events <- e:
 	default:
@@ -151,6 +160,7 @@ func (s *Session) deliver(stop <-chan struct{}) {
 				case e := <-s.events:
 					s.observe(e)
 				default:
+					s.observe(Event{Kind: SessionClosed, Time: time.Now(), Lease: s.Lease()})
 					return
 				}
 			}
@@ -160,6 +170,7 @@ func (s *Session) deliver(stop <-chan struct{}) {
 
 func (s *Session) observe(e Event) {
 	if n := s.dropped.Swap(0); n > 0 {
+		// Before e: the events dropped came before it.
 		d := Event{Kind: EventsDropped, Time: e.Time, Dropped: int(n)}
 		for _, o := range s.observers {
 			o.Observe(d)
@@ -219,20 +230,21 @@ func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, er
 	a.s.emit(e)
 }
 
-// released reports the release of hold h of our key in t.
-func (t *ticket) released(h *hold, deleted bool, err error) {
-	if !t.s.observing() {
-		return
+// released reports the delete of our key in t: deleted, or found gone, or
+// failed with err.
+func (t *ticket) released(deleted bool, err error) {
+	if t.s.observing() {
+		t.s.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Err: err, FencedMiss: err == nil && !deleted})
 	}
-	now := time.Now()
-	base := Event{Time: now, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev}
-	e := base
-	e.Kind, e.Err, e.FencedMiss = Released, err, err == nil && !deleted
-	t.s.emit(e)
-	if h != nil {
-		e = base
-		e.Kind, e.Held = HoldEnded, now.Sub(h.since)
-		t.s.emit(e)
+}
+
+// reportEnd reports the end of hold h: its release, or its hand-off to
+// another goroutine of this process.
+func (h *hold) reportEnd() {
+	t := h.t
+	if t.s.observing() {
+		now := time.Now()
+		t.s.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Held: now.Sub(h.since)})
 	}
 }
 
@@ -278,6 +290,8 @@ func (o logObserver) Observe(e Event) {
 		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: kept alive", attrs...)
 	case EventsDropped:
 		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: events dropped: an observer is too slow", slog.Int("dropped", e.Dropped))
+	case SessionClosed:
+		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: session closed", slog.String("lease", fmt.Sprintf("%x", e.Lease)))
 	default:
 		o.l.LogAttrs(ctx, slog.LevelDebug, fmt.Sprintf("etcdlock: %s", e.Kind), attrs...)
 	}

@@ -231,6 +231,7 @@ func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 	st.owner, st.hold = 0, nil
 	h.end()
 	if st.handOff(h) {
+		h.reportEnd() // before the next goroutine can report its acquisition
 		return handedOn, nil
 	}
 	return mustRelease, h

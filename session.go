@@ -53,6 +53,7 @@ type Session struct {
 	observers    []Observer
 	events       chan Event
 	dropped      atomic.Int64
+	delivered    atomic.Bool // delivery is over: Close has returned or is returning
 	stopDelivery chan struct{}
 	delivery     sync.WaitGroup
 
@@ -308,6 +309,7 @@ func (s *Session) Close() error {
 		if s.observing() {
 			close(s.stopDelivery)
 			s.delivery.Wait()
+			s.delivered.Store(true)
 		}
 	})
 	return s.closeErr
@@ -401,7 +403,7 @@ func (s *Session) probeKeepAlive() {
 			return
 		}
 		now := time.Now()
-		e := Event{Kind: KeptAlive, Time: now, RTT: now.Sub(start), Margin: last.Add(s.ttl).Sub(now), Err: err}
+		e := Event{Kind: KeptAlive, Time: now, RTT: now.Sub(start), Margin: last.Add(s.ttl).Sub(now), TTL: s.ttl, Err: err}
 		switch {
 		case err == nil:
 			s.lastAck.Store(now.UnixNano())

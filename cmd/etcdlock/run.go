@@ -84,6 +84,7 @@ func (w *waitFlag) Set(s string) error {
 
 type runOptions struct {
 	conn     connFlags
+	obs      observeFlags
 	ttl      time.Duration
 	wait     waitFlag
 	grace    time.Duration
@@ -98,6 +99,7 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.DurationVar(&o.grace, "kill-grace", defaultKillGrace, "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once")
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
 	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity"}})
+	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
 }
@@ -127,6 +129,11 @@ func runCommand(args []string, sio stdio) error {
 	if err != nil {
 		return err
 	}
+	obs, err := o.obs.start(sio)
+	if err != nil {
+		return err
+	}
+	defer obs.stop()
 
 	sigs := make(chan os.Signal, 8)
 	// A signal ignored at start (nohup, a script's background job) stays
@@ -141,7 +148,7 @@ func runCommand(args []string, sio stdio) error {
 		signal.Notify(sigs, caught...)
 		defer signal.Stop(sigs)
 	}
-	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs}
+	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs}
 	return r.run()
 }
 
@@ -154,6 +161,7 @@ type runner struct {
 	cfg     clientv3.Config
 	sio     stdio
 	sigs    chan os.Signal
+	obs     *observing
 
 	cli *clientv3.Client
 	s   *etcdlock.Session
@@ -216,7 +224,8 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	r.cli = cli
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command)))
+	opts := []etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command))}
+	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
 		return false, unavailable(r.cfg, err)
 	}
