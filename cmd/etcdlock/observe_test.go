@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -127,25 +125,6 @@ func TestObserveFlagsBadInput(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "--metrics-addr address") || !strings.Contains(stdout, "--log-level level") {
 		t.Errorf("help run: got %d, %q; want 0 and the observability flags", code, stdout)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that one goroutine may read while others
-// write.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // waitFor polls cond until it holds, and fails the test if it does not
