@@ -44,7 +44,7 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 		}
 		// Not WithContext(ctx): its cancel would revoke the lease, and so
 		// release the lock, while f may still run.
-		s, err := NewSession(client, opts...)
+		s, err := newSession(ctx, client, opts...)
 		switch {
 		case errors.Is(err, ErrInvalidArgument):
 			return err

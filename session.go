@@ -170,6 +170,12 @@ func WithIdentity(id string) SessionOption {
 // behind, if client is nil, an option is invalid, or etcd does not answer
 // within 5 s (or the WithContext context's deadline, if earlier).
 func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
+	return newSession(context.Background(), client, opts...)
+}
+
+// newSession is NewSession whose setup RPCs also end when setup ends,
+// without tying the Session's life to it.
+func newSession(setup context.Context, client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
@@ -190,6 +196,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 
 	ctx, cancel := context.WithTimeout(o.ctx, setupTimeout)
 	defer cancel()
+	defer context.AfterFunc(setup, cancel)()
 	id, ttl, granted, err := lease(ctx, client, o)
 	if err != nil {
 		return nil, err
@@ -316,6 +323,10 @@ func (s *Session) Close() error {
 }
 
 func (s *Session) revoke(ctx context.Context) error {
+	if err := s.client.Ctx().Err(); err != nil {
+		// A closed client sends nothing: the lease expires on its own.
+		return fmt.Errorf("etcdlock: revoke lease %x: client closed: %w", s.cs.Lease(), err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, revokeTimeout)
 	defer cancel()
 	_, err := s.client.Revoke(ctx, s.cs.Lease())
