@@ -141,8 +141,14 @@ func TestObserverEvents(t *testing.T) {
 		name := lockName(t)
 		rw := etcdlock.NewRWMutex(s, name)
 		rw.RLock()
+		if rw.HoldCount() != 1 {
+			t.Errorf("HoldCount after RLock: got %d, want 1", rw.HoldCount())
+		}
 		rw.RUnlock()
 		rw.Lock()
+		if rw.HoldCount() != 1 {
+			t.Errorf("HoldCount after Lock: got %d, want 1", rw.HoldCount())
+		}
 		rw.Unlock()
 		p, err := etcdlock.NewSemaphore(s, name+"-sem", 2).Acquire(ctx)
 		if err != nil {

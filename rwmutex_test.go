@@ -231,6 +231,9 @@ func TestRWMutexReentrant(t *testing.T) {
 	}
 	rl := rw.RLocker()
 	rl.Lock()
+	if rw.HoldCount() != 1 || rw.Token() == 0 {
+		t.Errorf("RLocker's Lock: HoldCount %d, Token %d, want 1 and a token", rw.HoldCount(), rw.Token())
+	}
 	rl.Unlock()
 }
 
