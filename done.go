@@ -98,11 +98,11 @@ func (h *hold) monitor(ctx context.Context) {
 		close(h.done)
 	}
 	h.mu.Unlock()
-	if s := h.t.s; !ended && s.observing() {
+	if s := h.t.s; !ended && s.events != nil {
 		if s.expired() {
 			why = LossSessionEnded
 		}
-		s.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.key, Token: h.token(), Reason: why})
+		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.key, Token: h.token(), Reason: why})
 	}
 }
 

@@ -133,7 +133,7 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 		return true, nil
 	}
 
-	a := m.s.startAcquire(KindMutex, m.name)
+	a := m.s.events.startAcquire(KindMutex, m.name)
 	if how == turnBusy {
 		a.end(nil, false, true, wait, nil)
 		return false, nil

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -127,40 +129,71 @@ func WithLogger(l *slog.Logger) SessionOption {
 // eventBuffer is how many events may wait for slow observers.
 const eventBuffer = 1024
 
-// observing reports whether the Session has observers.
-func (s *Session) observing() bool { return s.events != nil }
+// A dispatch hands a Session's events to its observers: a bounded queue,
+// and the goroutine that empties it, in order. A nil *dispatch (no
+// observers) reports nothing.
+type dispatch struct {
+	observers []Observer
+	lease     clientv3.LeaseID
+	events    chan Event
+	dropped   atomic.Int64
+	over      atomic.Bool // delivery has stopped: events are not queued
+	stop      chan struct{}
+	done      sync.WaitGroup
+}
+
+// newDispatch starts delivering to observers, or returns nil if there are
+// none.
+func newDispatch(observers []Observer, lease clientv3.LeaseID) *dispatch {
+	if len(observers) == 0 {
+		return nil
+	}
+	d := &dispatch{observers: observers, lease: lease, events: make(chan Event, eventBuffer), stop: make(chan struct{})}
+	d.done.Go(d.deliver)
+	return d
+}
 
 // emit queues e for the observers, never blocking: when the queue is full,
-// e is dropped and counted. After Close, nothing is delivered.
-func (s *Session) emit(e Event) {
-	if s.delivered.Load() {
+// e is dropped and counted. After close, nothing is queued.
+func (d *dispatch) emit(e Event) {
+	if d == nil || d.over.Load() {
 		return
 	}
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	e.Lease = s.Lease()
+	e.Lease = d.lease
 	select {
-	case s.events <- e:
+	case d.events <- e:
 	default:
-		s.dropped.Add(1)
+		d.dropped.Add(1)
 	}
 }
 
+// close delivers what is queued, then SessionClosed, and stops.
+func (d *dispatch) close() {
+	if d == nil {
+		return
+	}
+	close(d.stop)
+	d.done.Wait()
+	d.over.Store(true)
+}
+
 // deliver hands the queued events to the observers until stop is closed,
-// then delivers what is still queued and returns.
-func (s *Session) deliver(stop <-chan struct{}) {
+// then delivers what is still queued, and SessionClosed.
+func (d *dispatch) deliver() {
 	for {
 		select {
-		case e := <-s.events:
-			s.observe(e)
-		case <-stop:
+		case e := <-d.events:
+			d.observe(e)
+		case <-d.stop:
 			for {
 				select {
-				case e := <-s.events:
-					s.observe(e)
+				case e := <-d.events:
+					d.observe(e)
 				default:
-					s.observe(Event{Kind: SessionClosed, Time: time.Now(), Lease: s.Lease()})
+					d.observe(Event{Kind: SessionClosed, Time: time.Now(), Lease: d.lease})
 					return
 				}
 			}
@@ -168,15 +201,15 @@ func (s *Session) deliver(stop <-chan struct{}) {
 	}
 }
 
-func (s *Session) observe(e Event) {
-	if n := s.dropped.Swap(0); n > 0 {
+func (d *dispatch) observe(e Event) {
+	if n := d.dropped.Swap(0); n > 0 {
 		// Before e: the events dropped came before it.
-		d := Event{Kind: EventsDropped, Time: e.Time, Dropped: int(n)}
-		for _, o := range s.observers {
-			o.Observe(d)
+		drop := Event{Kind: EventsDropped, Time: e.Time, Lease: d.lease, Dropped: int(n)}
+		for _, o := range d.observers {
+			o.Observe(drop)
 		}
 	}
-	for _, o := range s.observers {
+	for _, o := range d.observers {
 		o.Observe(e)
 	}
 }
@@ -184,28 +217,28 @@ func (s *Session) observe(e Event) {
 // An acquisition reports one lock call to the observers: its start, then
 // its end.
 type acquisition struct {
-	s     *Session
+	d     *dispatch
 	start time.Time
 	e     Event
 }
 
 // startAcquire reports the start of an acquisition of the lock name, of kind
 // primitive; a no-op without observers.
-func (s *Session) startAcquire(primitive, name string) acquisition {
-	if !s.observing() {
+func (d *dispatch) startAcquire(primitive, name string) acquisition {
+	if d == nil {
 		return acquisition{}
 	}
-	a := acquisition{s: s, start: time.Now(), e: Event{Lock: name, Primitive: primitive}}
+	a := acquisition{d: d, start: time.Now(), e: Event{Lock: name, Primitive: primitive}}
 	e := a.e
 	e.Kind, e.Time = AcquireStarted, a.start
-	s.emit(e)
+	d.emit(e)
 	return a
 }
 
 // end reports how the acquisition ended: err is the call's error; held
 // false with a nil err is a try or a wait that ran out.
 func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, err error) {
-	if a.s == nil {
+	if a.d == nil {
 		return
 	}
 	e := a.e
@@ -227,14 +260,14 @@ func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, er
 	default:
 		e.Outcome, e.Err = OutcomeError, err
 	}
-	a.s.emit(e)
+	a.d.emit(e)
 }
 
 // released reports the delete of our key in t: deleted, or found gone, or
 // failed with err.
 func (t *ticket) released(deleted bool, err error) {
-	if t.s.observing() {
-		t.s.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Err: err, FencedMiss: err == nil && !deleted})
+	if t.s.events != nil {
+		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Err: err, FencedMiss: err == nil && !deleted})
 	}
 }
 
@@ -242,9 +275,9 @@ func (t *ticket) released(deleted bool, err error) {
 // another goroutine of this process.
 func (h *hold) reportEnd() {
 	t := h.t
-	if t.s.observing() {
+	if t.s.events != nil {
 		now := time.Now()
-		t.s.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Held: now.Sub(h.since)})
+		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Held: now.Sub(h.since)})
 	}
 }
 

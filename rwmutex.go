@@ -159,7 +159,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 	if write {
 		t.kind, t.rule, t.key = KindWrite, &rw.writer, rw.s.uniqueKey(rw.name+"/write/")
 	}
-	a := rw.s.startAcquire(t.kind, rw.name)
+	a := rw.s.events.startAcquire(t.kind, rw.name)
 	opCtx, cancel := rw.s.opContext(ctx, wait)
 	defer cancel()
 	if err := t.acquire(opCtx, wait, nil); err != nil {

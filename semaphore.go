@@ -133,7 +133,7 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 		key:   sem.s.uniqueKey(sem.name + "/"),
 		value: semaphoreValue(sem.limit, sem.s.identity),
 	}
-	a := sem.s.startAcquire(KindSemaphore, sem.name)
+	a := sem.s.events.startAcquire(KindSemaphore, sem.name)
 	opCtx, cancel := sem.s.opContext(ctx, wait)
 	defer cancel()
 	if err := t.acquire(opCtx, wait, nil); err != nil {

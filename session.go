@@ -48,14 +48,7 @@ type Session struct {
 	closing bool                  // no new background work once set
 	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
 
-	// Observers (WithObserver, WithLogger): events wait in events for the
-	// delivery goroutine, which stops once stopDelivery is closed.
-	observers    []Observer
-	events       chan Event
-	dropped      atomic.Int64
-	delivered    atomic.Bool // delivery is over: Close has returned or is returning
-	stopDelivery chan struct{}
-	delivery     sync.WaitGroup
+	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
 
 	stopRevoke func() bool   // stops the WithContext revoke, if any
 	revoked    chan struct{} // closed when the WithContext revoke has finished
@@ -238,7 +231,7 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		ttl:         time.Duration(ttl) * time.Second,
 		maxHandoffs: o.handoffs,
 		identity:    o.identity,
-		observers:   o.observers,
+		events:      newDispatch(o.observers, id),
 		locks:       make(map[string]*lockState),
 		rwlocks:     make(map[string]*rwState),
 		revoked:     make(chan struct{}),
@@ -252,10 +245,7 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 			s.lastAck.Store(time.Now().UnixNano())
 		}
 	})
-	if len(s.observers) > 0 {
-		s.events = make(chan Event, eventBuffer)
-		s.stopDelivery = make(chan struct{})
-		s.delivery.Go(func() { s.deliver(s.stopDelivery) })
+	if s.events != nil {
 		s.bg.Go(s.probeKeepAlive)
 	}
 	if o.ctx.Done() != nil {
@@ -313,11 +303,7 @@ func (s *Session) Close() error {
 			s.closeErr = s.revoke(context.Background())
 		}
 		s.bg.Wait()
-		if s.observing() {
-			close(s.stopDelivery)
-			s.delivery.Wait()
-			s.delivered.Store(true)
-		}
+		s.events.close()
 	})
 	return s.closeErr
 }
@@ -421,7 +407,7 @@ func (s *Session) probeKeepAlive() {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			s.leaseGone()
 		}
-		s.emit(e)
+		s.events.emit(e)
 	}
 }
 
