@@ -3,6 +3,7 @@ module github.com/etcdlock/etcdlock
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.0
 	github.com/petermattis/goid v0.0.0-20260820044319-269ab09b5261
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/pkg/v3 v3.7.3
@@ -15,7 +16,6 @@ require (
 )
 
 require (
-	github.com/anishathalye/porcupine v1.3.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
