@@ -188,9 +188,9 @@ func lostAcked(puts []registerPut, ackedRevs []int64) (int, error) {
 }
 
 // resolve prepares a history for the check: writes without an answer are
-// kept, at an unknown time, if etcd applied them and dropped otherwise;
-// reads and releases without an answer are dropped; unanswered operations
-// return at math.MaxInt64.
+// kept, returning at math.MaxInt64, if etcd applied them (applied counts
+// them), and dropped otherwise; reads and releases without an answer are
+// dropped (dropped counts all that are).
 func resolve(ops []historyOp, puts []registerPut) (kept []historyOp, applied, dropped int) {
 	done := make(map[string]bool, len(puts))
 	for _, p := range puts {
