@@ -307,6 +307,7 @@ type chaosRun struct {
 
 	kind      kind
 	rec       *recorder
+	deleted   deletions      // of the lock's keys
 	bg        sync.WaitGroup // the observer's watch, and a watcher of each hold's Done
 	faulty    atomic.Bool    // random cancels and TryLockFor on: the warm-up is over
 	freezeReq atomic.Bool    // the next holder to see it is cut off
@@ -314,7 +315,6 @@ type chaosRun struct {
 
 	mu          sync.Mutex
 	acqTimes    []time.Time
-	deleted     map[int64]time.Time // create revision of a lock key → when the observer saw it deleted
 	inside      map[*chaosHold]bool
 	holds       []*chaosHold
 	pairs       []chaosPair
@@ -362,7 +362,6 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 		observer: observer,
 		kind:     k,
 		rec:      &recorder{},
-		deleted:  make(map[int64]time.Time),
 		inside:   make(map[*chaosHold]bool),
 	}
 	r.counts.fencing = cfg.fencing
@@ -379,7 +378,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	}
 	startRev := put()
 	wctx, stopWatch := context.WithCancel(ctx)
-	r.bg.Go(func() { r.watchDeletes(wctx, startRev) })
+	r.bg.Go(func() { r.deleted.watch(wctx, observer, r.name+"/", startRev) })
 	defer func() {
 		stopWatch()
 		r.bg.Wait()
@@ -469,7 +468,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 		if i, ok := r.nextAcquisition(p.cut); ok {
 			p.nextAcq = r.acqTimes[i]
 		}
-		p.doneAt, p.deleted = p.hold.doneAt, r.deleted[p.hold.token]
+		p.doneAt, p.deleted = p.hold.doneAt, r.deleted.of(p.hold.token)
 		res.partitions = append(res.partitions, *p)
 	}
 	r.mu.Unlock()
@@ -514,24 +513,6 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	writeTimeline(t, newTimeline(fmt.Sprintf("Chaos test, %s, fencing %v: acquisitions per second, %d workers, TTL %v",
 		cfg.kind, cfg.fencing, cfg.workers, cfg.ttl), began, ended, r.acqTimes, windows))
 	return res
-}
-
-// watchDeletes records when each key of the lock is deleted, until ctx ends.
-func (r *chaosRun) watchDeletes(ctx context.Context, from int64) {
-	wch := r.observer.Watch(ctx, r.name+"/", clientv3.WithPrefix(), clientv3.WithRev(from+1),
-		clientv3.WithPrevKV(), clientv3.WithFilterPut())
-	for wr := range wch {
-		at := time.Now()
-		r.mu.Lock()
-		for _, ev := range wr.Events {
-			if ev.PrevKv != nil {
-				if _, ok := r.deleted[ev.PrevKv.CreateRevision]; !ok {
-					r.deleted[ev.PrevKv.CreateRevision] = at
-				}
-			}
-		}
-		r.mu.Unlock()
-	}
 }
 
 // warmUp returns the acquisition rate without faults: over the warm-up from

@@ -1,6 +1,7 @@
 package etcdlock_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -824,4 +825,45 @@ func (p noLock) acquire(ctx context.Context) (int64, func(context.Context) error
 		return err
 	}
 	return token, release, done, isOwner, nil
+}
+
+// cleanOverlaps counts the pairs of holds of one lock that both ended with
+// a clean release and were held at once: from acquire's return to
+// release's call, each hold certainly had its key, so two such spans that
+// overlap mean two owners in etcd at once.
+func cleanOverlaps(ops []historyOp) int {
+	type span struct{ from, to int64 }
+	acquired := map[[2]int64]int64{} // (lock, token) → acquire's return; lock by index
+	locks := map[string]int64{}
+	lockOf := func(name string) int64 {
+		if i, ok := locks[name]; ok {
+			return i
+		}
+		locks[name] = int64(len(locks))
+		return locks[name]
+	}
+	spans := map[int64][]span{}
+	ops = slices.Clone(ops)
+	slices.SortStableFunc(ops, func(a, b historyOp) int { return cmp.Compare(a.Call, b.Call) })
+	for _, op := range ops {
+		k := [2]int64{lockOf(op.Lock), op.Token}
+		switch {
+		case op.Kind == opAcquire:
+			acquired[k] = op.Return
+		case op.Kind == opRelease && op.Result == resOK:
+			if from, ok := acquired[k]; ok {
+				spans[k[0]] = append(spans[k[0]], span{from, op.Call})
+			}
+		}
+	}
+	n := 0
+	for _, ss := range spans {
+		slices.SortFunc(ss, func(a, b span) int { return cmp.Compare(a.from, b.from) })
+		for i := range ss {
+			for j := i + 1; j < len(ss) && ss[j].from < ss[i].to; j++ {
+				n++
+			}
+		}
+	}
+	return n
 }

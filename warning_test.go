@@ -1,10 +1,14 @@
 package etcdlock_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The early warning, measured. For each holder cut off from etcd or frozen
@@ -114,4 +118,40 @@ func logWarnings(t *testing.T, ws []warning) map[string]warningStats {
 		}
 	}
 	return out
+}
+
+// deletions records when each key under a prefix was deleted in etcd, by
+// its create revision (the hold's token), as a watch sees it.
+type deletions struct {
+	mu sync.Mutex
+	at map[int64]time.Time
+}
+
+// watch records the deletions under prefix after revision from, until ctx
+// ends.
+func (d *deletions) watch(ctx context.Context, client *clientv3.Client, prefix string, from int64) {
+	wch := client.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from+1), clientv3.WithPrevKV(), clientv3.WithFilterPut())
+	for wr := range wch {
+		at := time.Now()
+		d.mu.Lock()
+		if d.at == nil {
+			d.at = make(map[int64]time.Time)
+		}
+		for _, ev := range wr.Events {
+			if ev.PrevKv != nil {
+				if _, ok := d.at[ev.PrevKv.CreateRevision]; !ok {
+					d.at[ev.PrevKv.CreateRevision] = at
+				}
+			}
+		}
+		d.mu.Unlock()
+	}
+}
+
+// of returns when the key with create revision token was deleted (zero:
+// not seen).
+func (d *deletions) of(token int64) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.at[token]
 }
