@@ -3,6 +3,9 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,7 +49,8 @@ type kind struct {
 }
 
 // kinds are the kinds of lock the reliability tests run, by name (the name
-// is how a holder process is told which to run).
+// is how a holder process is told which to run). The chaos, process and
+// contention tests run each kind as a subtest of that name.
 var kinds = map[string]kind{
 	"mutex": {limit: 1, make: func(s *etcdlock.Session, name string, wait time.Duration) primitive {
 		return mutexPrimitive{m: etcdlock.NewMutex(s, name), wait: wait}
@@ -74,6 +78,13 @@ func (p mutexPrimitive) acquire(ctx context.Context) (int64, func(context.Contex
 		return 0, nil, nil, clientv3.Cmp{}, err
 	}
 	return p.m.Token(), p.m.UnlockContext, p.m.Done(), p.m.IsOwner(), nil
+}
+
+// forEachKind runs f as a subtest for each kind, by name.
+func forEachKind(t *testing.T, f func(t *testing.T, name string)) {
+	for _, name := range slices.Sorted(maps.Keys(kinds)) {
+		t.Run(name, func(t *testing.T) { f(t, name) })
+	}
 }
 
 // releaseResult sorts the error of a primitive's release.
