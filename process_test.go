@@ -37,17 +37,19 @@ import (
 // Meanwhile the test SIGKILLs holders (and starts new ones), freezes them
 // with SIGSTOP for TTL + 1.5 s and then SIGCONT (at any moment, or just
 // before a write: the holder stops there and the test freezes it), cuts a
-// holder off from etcd for as long (its proxy stops forwarding, TCP
-// connections stay open, as in a partition), and stops or kills the leader.
-// One fault at a time: a new leader renews every lease for a full TTL, which
-// would let a cut-off holder keep its hold.
+// holder off from etcd for as long, just before a write (its proxy stops
+// forwarding, the write waits in it, TCP connections stay open, as in a
+// partition), and stops or kills the leader. One fault at a time: a new
+// leader renews every lease for a full TTL, which would let a cut-off
+// holder keep its hold.
 //
 // Checks: the history of every holder is linearizable for the fenced
 // register model; every acknowledged write survives; no two holds that both
 // ended with a clean release were held at once; the lock is taken again
 // after every fault; no key or lease is left once the holders have exited
-// and a TTL has passed. For each cut-off and freeze, the margin from the
-// holder's Done closing to the next acquisition is measured.
+// and a TTL has passed. For each cut-off, the margin from the holder's Done
+// closing to the next acquisition is measured; for each freeze, how soon
+// after SIGCONT its Done closes (it cannot close before).
 //
 // ETCDLOCK_PROCESS_LONG=1 runs the faults for 10 minutes instead of 20 s.
 
@@ -67,14 +69,14 @@ type holderConfig struct {
 
 // holderLine is one line a holder process writes: one field set.
 type holderLine struct {
-	Op     *historyOp `json:"op,omitempty"`     // an operation returned
-	Call   *historyOp `json:"call,omitempty"`   // a write is sent
-	Done   int64      `json:"done,omitempty"`   // the Done of the hold with this token closed
-	Ack    int64      `json:"ack,omitempty"`    // a keep-alive acknowledgement of the Session's lease arrived
-	Frozen int64      `json:"frozen,omitempty"` // the hold with this token waits to write, for "go" on stdin
-	Skip   int64      `json:"skip,omitempty"`   // the hold with this token skipped its write: Done had closed
-	Error  string     `json:"error,omitempty"`  // the holder cannot go on
-	At     int64      `json:"at,omitempty"`     // when (Unix ns)
+	Op      *historyOp `json:"op,omitempty"`      // an operation returned
+	Call    *historyOp `json:"call,omitempty"`    // a write is sent
+	Done    int64      `json:"done,omitempty"`    // the Done of the hold with this token closed
+	Ack     int64      `json:"ack,omitempty"`     // a keep-alive acknowledgement of the Session's lease arrived
+	Waiting int64      `json:"waiting,omitempty"` // the hold with this token waits before its write, for "go" on stdin
+	Skip    int64      `json:"skip,omitempty"`    // the hold with this token skipped its write: Done had closed
+	Error   string     `json:"error,omitempty"`   // the holder cannot go on
+	At      int64      `json:"at,omitempty"`      // when (Unix ns)
 }
 
 // holderMain runs the holder process when holderEnv is set, and then exits;
@@ -109,8 +111,8 @@ func (l *lineWriter) called(op historyOp)   { l.write(holderLine{Call: &op}) }
 func (l *lineWriter) returned(op historyOp) { l.write(holderLine{Op: &op}) }
 
 // runHolder is a holder process: it takes holds until its standard input
-// closes. "freeze" on stdin makes it stop before its next write and write a
-// Frozen line, then wait for "go".
+// closes. "stop" on stdin makes it stop before its next write, write a
+// Waiting line, and wait for "go".
 func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
 	var cfg holderConfig
 	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
@@ -128,14 +130,14 @@ func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	var freeze atomic.Bool
+	var stopAtWrite atomic.Bool
 	resume := make(chan struct{}, 1)
 	go func() { // ends with stdin, which the test closes, or with the process
 		sc := bufio.NewScanner(in)
 		for sc.Scan() {
 			switch sc.Text() {
-			case "freeze":
-				freeze.Store(true)
+			case "stop":
+				stopAtWrite.Store(true)
 			case "go":
 				resume <- struct{}{}
 			}
@@ -187,7 +189,7 @@ func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
 			<-h.done // closed, at the latest, by the release
 			out.write(holderLine{Done: h.token, At: now()})
 		})
-		if err := holderCritical(ctx, reg, h, rng, &freeze, resume, out); err != nil {
+		if err := holderCritical(ctx, reg, h, rng, &stopAtWrite, resume, out); err != nil {
 			return err
 		}
 		_, _ = reg.release(ctx, h)
@@ -198,7 +200,7 @@ func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
 // holderCritical reads the register, waits a little and writes it plus
 // one, retrying a write that etcd did not answer (a retry writes the same
 // value, under a new id) for up to testTimeout.
-func holderCritical(ctx context.Context, reg *register, h *hold, rng *rand.Rand, freeze *atomic.Bool, resume <-chan struct{}, out *lineWriter) error {
+func holderCritical(ctx context.Context, reg *register, h *hold, rng *rand.Rand, stopAtWrite *atomic.Bool, resume <-chan struct{}, out *lineWriter) error {
 	v, res, first, err := reg.read(ctx, h)
 	if err != nil {
 		return err
@@ -214,9 +216,10 @@ func holderCritical(ctx context.Context, reg *register, h *hold, rng *rand.Rand,
 		out.write(holderLine{Skip: h.token, At: now()})
 		return nil
 	}
-	if freeze.CompareAndSwap(true, false) {
-		// The worst moment to be frozen: Done was checked, the write is next.
-		out.write(holderLine{Frozen: h.token, At: now()})
+	if stopAtWrite.CompareAndSwap(true, false) {
+		// The worst moment to be cut off or frozen: Done was checked, the
+		// write is next.
+		out.write(holderLine{Waiting: h.token, At: now()})
 		select {
 		case <-resume:
 		case <-ctx.Done():
@@ -252,17 +255,17 @@ func testProcessChaos(t *testing.T, kind string) {
 
 // holderProc is one holder process, as the test sees it.
 type holderProc struct {
-	id     int
-	slot   int // its proxy's
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stderr *syncBuffer
-	frozen chan int64     // the tokens of its Frozen lines
-	exited chan struct{}  // closed once it has exited and its output is read
-	err    error          // of Wait, once exited
-	killed bool           // by the test
-	acks   []time.Time    // its keep-alive acknowledgements; guarded by processRun.mu
-	holds  map[int64]bool // tokens it acquired; guarded by processRun.mu
+	id      int
+	slot    int // its proxy's
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	stderr  *syncBuffer
+	waiting chan int64     // the tokens of its Waiting lines
+	exited  chan struct{}  // closed once it has exited and its output is read
+	err     error          // of Wait, once exited
+	killed  bool           // by the test
+	acks    []time.Time    // its keep-alive acknowledgements; guarded by processRun.mu
+	holds   map[int64]bool // tokens it acquired; guarded by processRun.mu
 }
 
 // syncBuffer is a bytes.Buffer safe for the writer goroutine of exec.
@@ -576,7 +579,7 @@ func (r *processRun) start(slot int) *holderProc {
 		Register: r.register, TTL: r.cfg.ttl, ID: id, Seed: r.seed})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), holderEnv+"="+string(cfg))
-	p := &holderProc{id: id, slot: slot, cmd: cmd, stderr: &syncBuffer{}, frozen: make(chan int64, 1),
+	p := &holderProc{id: id, slot: slot, cmd: cmd, stderr: &syncBuffer{}, waiting: make(chan int64, 1),
 		exited: make(chan struct{}), holds: make(map[int64]bool)}
 	cmd.Stderr = p.stderr
 	var err error
@@ -635,9 +638,9 @@ func (r *processRun) line(p *holderProc, b []byte) {
 		}
 	case l.Ack != 0:
 		p.acks = append(p.acks, time.Unix(0, l.At))
-	case l.Frozen != 0:
+	case l.Waiting != 0:
 		select {
-		case p.frozen <- l.Frozen:
+		case p.waiting <- l.Waiting:
 		default:
 		}
 	case l.Skip != 0:
@@ -750,9 +753,9 @@ func (r *processRun) inject(kind string, rng *rand.Rand) *processFault {
 // there; it waits for "go".
 func (r *processRun) atWrite(rng *rand.Rand) (*holderProc, int64) {
 	p, _ := r.target(rng)
-	_, _ = io.WriteString(p.stdin, "freeze\n")
+	_, _ = io.WriteString(p.stdin, "stop\n")
 	select {
-	case token := <-p.frozen:
+	case token := <-p.waiting:
 		return p, token
 	case <-time.After(testTimeout):
 		r.t.Fatalf("holder %d: no hold reached its write in %v", p.id, testTimeout)
