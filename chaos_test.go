@@ -514,8 +514,12 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	for _, f := range r.faults {
 		windows = append(windows, faultWindow{Kind: f.kind, From: f.at.Sub(began).Seconds(), To: f.end.Sub(began).Seconds()})
 	}
-	writeTimeline(t, newTimeline(fmt.Sprintf("Chaos test, %s, fencing %v: acquisitions per second, %d workers, TTL %v",
-		cfg.kind, cfg.fencing, cfg.workers, cfg.ttl), began, ended, r.acqTimes, windows))
+	fencing := "on"
+	if !cfg.fencing {
+		fencing = "off"
+	}
+	writeTimeline(t, newTimeline(fmt.Sprintf("Chaos test, %s, fencing %s: %d workers in one process, TTL %v, 3 etcd members; acquisitions per second",
+		cfg.kind, fencing, cfg.workers, cfg.ttl), began, ended, r.acqTimes, windows))
 	return res
 }
 

@@ -323,8 +323,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	t.Logf("seed %d", seed)
 	r := &processRun{t: t, cfg: cfg, cluster: c, name: lockName(t), register: lockName(t) + "-register", seed: seed,
 		calls: make(map[string]historyOp), holding: make(map[*holderProc]int64), dones: make(map[int64]time.Time)}
-	ctx := testContext(t)
-	resp, err := observer.Put(ctx, r.register, registerValue(0, "init"))
+	resp, err := observer.Put(testContext(t), r.register, registerValue(0, "init"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +402,9 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	}
 
 	// The history.
-	puts, err := registerHistory(ctx, observer, r.register, startRev)
+	hctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	puts, err := registerHistory(hctx, observer, r.register, startRev)
 	if err != nil {
 		t.Fatalf("the register's history: %v", err)
 	}
