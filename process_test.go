@@ -497,7 +497,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 		r.mu.Unlock()
 		if f.kind == "partition" {
 			ws = append(ws, warning{kind: f.kind, token: f.token, cut: f.at, lastAck: lastAck, done: done, deleted: deleted.of(f.token), next: next})
-		} else if !done.IsZero() {
+		} else if done.After(f.at) {
 			// A frozen process cannot see its Done close before it runs again.
 			resumeToDone[f.kind] = append(resumeToDone[f.kind], done.Sub(f.end))
 		}
@@ -532,7 +532,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	}
 	for _, k := range kindsSeen {
 		if d, ok := resumeToDone[k]; ok {
-			row(fmt.Sprintf("%s: SIGCONT → Done closed", k), spread(d))
+			row(fmt.Sprintf("%s: SIGCONT → Done closed (of holds whose Done was open when frozen)", k), spread(d))
 		}
 	}
 	row("keys / leases left", fmt.Sprintf("%d / %d", keysLeft, leasesLeft))
