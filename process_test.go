@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -583,16 +584,14 @@ func (r *processRun) start(slot int) *holderProc {
 	p := &holderProc{id: id, slot: slot, cmd: cmd, stderr: &syncBuffer{}, waiting: make(chan int64, 1),
 		exited: make(chan struct{}), holds: make(map[int64]bool)}
 	cmd.Stderr = p.stderr
-	var err error
-	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	var inErr error
+	p.stdin, inErr = cmd.StdinPipe()
+	stdout, outErr := cmd.StdoutPipe()
+	if err := errors.Join(inErr, outErr); err != nil {
+		t.Fatalf("holder %d: pipes: %v", id, err)
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("holder %d: start: %v", id, err)
 	}
 	r.mu.Lock()
 	r.procs = append(r.procs, p)
