@@ -88,7 +88,7 @@ func newWarningStats(ws []warning) warningStats {
 
 // logWarnings logs the margins of ws by kind of fault, and each negative
 // one with its evidence.
-func logWarnings(t *testing.T, ws []warning) map[string]warningStats {
+func logWarnings(t *testing.T, ws []warning) {
 	t.Helper()
 	byKind := map[string][]warning{}
 	var order []string
@@ -98,10 +98,8 @@ func logWarnings(t *testing.T, ws []warning) map[string]warningStats {
 		}
 		byKind[w.kind] = append(byKind[w.kind], w)
 	}
-	out := map[string]warningStats{}
 	for _, k := range order {
 		st := newWarningStats(byKind[k])
-		out[k] = st
 		t.Logf("  %s: margin, next acquisition − Done closed: min / median / max %s; negative: %d", k, spread(st.margins), len(st.negative))
 		t.Logf("  %s: last keep-alive ack → Done closed %s; → key deleted in etcd %s; key deleted → next acquisition %s",
 			k, spread(st.ackToDone), spread(st.ackToDelete), spread(st.deleteToNext))
@@ -117,7 +115,6 @@ func logWarnings(t *testing.T, ws []warning) map[string]warningStats {
 				m.Round(time.Millisecond), k, w.token, rel(w.lastAck), rel(w.done), rel(w.deleted), rel(w.next))
 		}
 	}
-	return out
 }
 
 // deletions records when each key under a prefix was deleted in etcd, by
