@@ -59,7 +59,7 @@ func writeTimeline(t *testing.T, tl timeline) {
 	if base == "" {
 		return
 	}
-	rec, err := json.MarshalIndent(tl, "", " ")
+	rec, err := json.Marshal(tl)
 	if err == nil {
 		err = os.WriteFile(base+".json", rec, 0o644)
 	}
