@@ -183,6 +183,7 @@ type chaosPartition struct {
 	hold      *chaosHold
 	cut, wake time.Time
 	lastAck   time.Time // the last keep-alive acknowledgement of its lease before the cut
+	ended     time.Time // its Session ended during the cut (zero: not by the wake)
 	doneAt    time.Time // when its Done closed (zero: never seen)
 	doneSeen  bool      // Done was closed when it woke
 	deleted   time.Time // when etcd deleted its key, seen by the observer's watch
@@ -624,6 +625,7 @@ type chaosWorker struct {
 	acks     sync.WaitGroup
 	ackMu    sync.Mutex
 	lastAck  time.Time
+	ended    time.Time // the Session's Done closed
 }
 
 func (w *chaosWorker) loop(ctx context.Context) {
@@ -657,10 +659,21 @@ func (w *chaosWorker) loop(ctx context.Context) {
 	}
 }
 
-// watchAcks follows the keep-alive acknowledgements of the Session's lease.
+// watchAcks follows the keep-alive acknowledgements of the Session's lease,
+// and the Session's end.
 func (w *chaosWorker) watchAcks() {
+	s := w.s
+	w.ackMu.Lock()
+	w.ended = time.Time{}
+	w.ackMu.Unlock()
+	w.acks.Go(func() {
+		<-s.Done() // closed by endSession at the latest
+		w.ackMu.Lock()
+		w.ended = time.Now()
+		w.ackMu.Unlock()
+	})
 	ctx, cancel := context.WithCancel(context.Background())
-	acks, err := w.client.KeepAlive(ctx, w.s.Lease())
+	acks, err := w.client.KeepAlive(ctx, s.Lease())
 	if err != nil {
 		cancel()
 		return
@@ -684,9 +697,9 @@ func (w *chaosWorker) endSession() {
 	w.s = nil
 	if w.stopAcks != nil {
 		w.stopAcks()
-		w.acks.Wait()
 		w.stopAcks = nil
 	}
+	w.acks.Wait()
 }
 
 // lock takes a hold in one of several ways, some with a random deadline
@@ -850,6 +863,11 @@ func (w *chaosWorker) cutOff(h *chaosHold, done <-chan struct{}) *chaosPartition
 		time.Sleep(20 * time.Millisecond)
 	}
 	p.wake, p.doneSeen = time.Now(), isClosed(done)
+	w.ackMu.Lock()
+	if w.ended.After(p.cut) {
+		p.ended = w.ended
+	}
+	w.ackMu.Unlock()
 	r.fault("partition", p.cut, p.wake)
 	return p
 }
@@ -1044,7 +1062,7 @@ func (res *chaosResult) log(t *testing.T) {
 		if !p.doneSeen {
 			doneOpen++
 		}
-		ws = append(ws, warning{kind: "partition", token: p.hold.token, cut: p.cut, lastAck: p.lastAck, done: p.doneAt,
+		ws = append(ws, warning{kind: "partition", token: p.hold.token, cut: p.cut, lastAck: p.lastAck, done: p.doneAt, sessionEnd: p.ended,
 			deleted: p.deleted, next: p.nextAcq})
 	}
 	row("partition: cut off for min / median / max", spread(cutFor))

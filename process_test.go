@@ -74,6 +74,7 @@ type holderLine struct {
 	Call    *historyOp `json:"call,omitempty"`    // a write is sent
 	Done    int64      `json:"done,omitempty"`    // the Done of the hold with this token closed
 	Ack     int64      `json:"ack,omitempty"`     // a keep-alive acknowledgement of the Session's lease arrived
+	Ended   int64      `json:"ended,omitempty"`   // the Session of this lease ended (its Done closed)
 	Waiting int64      `json:"waiting,omitempty"` // the hold with this token waits before its write, for "go" on stdin
 	Skip    int64      `json:"skip,omitempty"`    // the hold with this token skipped its write: Done had closed
 	Error   string     `json:"error,omitempty"`   // the holder cannot go on
@@ -170,7 +171,11 @@ func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
 			}
 			actx, cancel := context.WithCancel(ctx)
 			stopAcks = cancel
-			lease := s.Lease()
+			lease, sd := s.Lease(), s.Done()
+			bg.Go(func() {
+				<-sd // closed by endSession at the latest
+				out.write(holderLine{Ended: int64(lease), At: now()})
+			})
 			if acks, err := client.KeepAlive(actx, lease); err == nil {
 				bg.Go(func() {
 					for range acks {
@@ -266,6 +271,7 @@ type holderProc struct {
 	err     error          // of Wait, once exited
 	killed  bool           // by the test
 	acks    []time.Time    // its keep-alive acknowledgements; guarded by processRun.mu
+	ended   []time.Time    // when its Sessions ended; guarded by processRun.mu
 	holds   map[int64]bool // tokens it acquired; guarded by processRun.mu
 }
 
@@ -491,13 +497,17 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 		}
 		r.mu.Lock()
 		done := r.dones[f.token]
-		var lastAck time.Time
+		var lastAck, sessionEnd time.Time
 		if i, _ := slices.BinarySearchFunc(f.proc.acks, f.at, time.Time.Compare); i > 0 {
 			lastAck = f.proc.acks[i-1]
 		}
+		if i, _ := slices.BinarySearchFunc(f.proc.ended, f.at, time.Time.Compare); i < len(f.proc.ended) && f.proc.ended[i].Before(f.end) {
+			sessionEnd = f.proc.ended[i]
+		}
 		r.mu.Unlock()
 		if f.kind == "partition" {
-			ws = append(ws, warning{kind: f.kind, token: f.token, cut: f.at, lastAck: lastAck, done: done, deleted: deleted.of(f.token), next: next})
+			ws = append(ws, warning{kind: f.kind, token: f.token, cut: f.at, lastAck: lastAck, done: done, sessionEnd: sessionEnd,
+				deleted: deleted.of(f.token), next: next})
 		} else if done.After(f.at) {
 			// A frozen process cannot see its Done close before it runs again.
 			resumeToDone[f.kind] = append(resumeToDone[f.kind], done.Sub(f.end))
@@ -638,6 +648,8 @@ func (r *processRun) line(p *holderProc, b []byte) {
 		}
 	case l.Ack != 0:
 		p.acks = append(p.acks, time.Unix(0, l.At))
+	case l.Ended != 0:
+		p.ended = append(p.ended, time.Unix(0, l.At))
 	case l.Waiting != 0:
 		select {
 		case p.waiting <- l.Waiting:

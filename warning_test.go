@@ -26,8 +26,14 @@ type warning struct {
 	cut     time.Time // the fault began
 	lastAck time.Time // the last keep-alive acknowledgement before it (zero: unknown)
 	done    time.Time // Done closed (zero: not seen)
-	deleted time.Time // etcd deleted the key (zero: not seen)
-	next    time.Time // the next acquisition by another holder (zero: none)
+	// The holder's Session ended during the fault (zero: not seen): Done
+	// closes with it at the latest. Done closing only then, a TTL or more
+	// after the last acknowledgement rather than two thirds of it, means
+	// its silence timer never ran: its monitor was still waiting for etcd
+	// to confirm the watch on the key when the fault began.
+	sessionEnd time.Time
+	deleted    time.Time // etcd deleted the key (zero: not seen)
+	next       time.Time // the next acquisition by another holder (zero: none)
 }
 
 // margin returns next − done, if both happened.
@@ -61,6 +67,17 @@ func spread(ds []time.Duration) string {
 type warningStats struct {
 	margins, ackToDone, ackToDelete, deleteToNext []time.Duration
 	negative                                      []warning
+	atSessionEnd                                  int // Done closed only with the Session's end
+}
+
+// sessionEndSlack is how far apart two goroutines of the test may see one
+// moment: Done closing and the Session ending, when Done closed because the
+// Session ended.
+const sessionEndSlack = 100 * time.Millisecond
+
+// atSessionEnd reports whether Done closed only with the Session's end.
+func (w warning) atSessionEnd() bool {
+	return !w.sessionEnd.IsZero() && !w.done.IsZero() && w.done.After(w.sessionEnd.Add(-sessionEndSlack))
 }
 
 func newWarningStats(ws []warning) warningStats {
@@ -75,6 +92,9 @@ func newWarningStats(ws []warning) warningStats {
 		add(&st.margins, m, ok)
 		if ok && m < 0 {
 			st.negative = append(st.negative, w)
+		}
+		if w.atSessionEnd() {
+			st.atSessionEnd++
 		}
 		d, ok := since(w.lastAck, w.done)
 		add(&st.ackToDone, d, ok)
@@ -103,6 +123,7 @@ func logWarnings(t *testing.T, ws []warning) {
 		t.Logf("  %s: margin, next acquisition − Done closed: min / median / max %s; negative: %d", k, spread(st.margins), len(st.negative))
 		t.Logf("  %s: last keep-alive ack → Done closed %s; → key deleted in etcd %s; key deleted → next acquisition %s",
 			k, spread(st.ackToDone), spread(st.ackToDelete), spread(st.deleteToNext))
+		t.Logf("  %s: Done closed only with the Session's end (silence timer not armed: watch not yet created): %d", k, st.atSessionEnd)
 		for _, w := range st.negative {
 			rel := func(at time.Time) string {
 				if at.IsZero() {
@@ -111,8 +132,8 @@ func logWarnings(t *testing.T, ws []warning) {
 				return at.Sub(w.cut).Round(time.Millisecond).String()
 			}
 			m, _ := w.margin()
-			t.Logf("  negative margin %v, %s of hold %d, times from the fault: last ack %s, Done closed %s, key deleted %s, next acquisition %s",
-				m.Round(time.Millisecond), k, w.token, rel(w.lastAck), rel(w.done), rel(w.deleted), rel(w.next))
+			t.Logf("  negative margin %v, %s of hold %d, times from the fault: last ack %s, Done closed %s, Session ended %s, key deleted %s, next acquisition %s",
+				m.Round(time.Millisecond), k, w.token, rel(w.lastAck), rel(w.done), rel(w.sessionEnd), rel(w.deleted), rel(w.next))
 		}
 	}
 }
