@@ -9,20 +9,20 @@ import (
 	"github.com/etcdlock/etcdlock"
 )
 
-// The guarantees every primitive of the family keeps, tested once for all of
+// The guarantees every member of the family keeps, tested once for all of
 // them through one interface: nothing left behind on cancel at any point, a
 // waiter whose own lease goes returns promptly, a try that fails writes
 // nothing, a fenced release, bad input gets an error.
 
-// A primitive makes locks of one kind, and holders that block them.
-type primitive struct {
+// A member makes locks of one kind, and holders that block them.
+type member struct {
 	name string
 	open func(s *etcdlock.Session, name string) famLock
 	// blocker returns a lock that, held, makes open's lock wait.
 	blocker func(s *etcdlock.Session, name string) famLock
 }
 
-var family = []primitive{
+var family = []member{
 	{"Mutex", openMutex, openMutex},
 	{"RWMutex write", openWriter, openReader},
 	{"RWMutex read", openReader, openWriter},
@@ -52,15 +52,15 @@ func blockSemaphore(limit int) func(s *etcdlock.Session, name string) famLock {
 	}
 }
 
-// forFamily runs f for each primitive, as a subtest.
-func forFamily(t *testing.T, f func(t *testing.T, p primitive)) {
+// forFamily runs f for each member, as a subtest.
+func forFamily(t *testing.T, f func(t *testing.T, p member)) {
 	for _, p := range family {
 		t.Run(p.name, func(t *testing.T) { f(t, p) })
 	}
 }
 
-// hold takes l, failing the test if it cannot.
-func hold(t *testing.T, l famLock) {
+// mustLock takes l, failing the test if it cannot.
+func mustLock(t *testing.T, l famLock) {
 	t.Helper()
 	if err := l.Lock(testContext(t)); err != nil {
 		t.Fatalf("lock: %v", err)
@@ -75,7 +75,7 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
 
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		for _, tc := range []struct {
 			name      string
 			try       bool
@@ -93,7 +93,7 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 			{name: "Lock queued", contended: true, lose: true},
 			{name: "TryLock queued", try: true, wait: 5 * time.Second, contended: true, lose: true},
 			// The read after a wake-up is a Txn too. A waiter between the
-			// holder and us makes every primitive read when the holder goes
+			// holder and us makes every member read when the holder goes
 			// (a Mutex's only waiter takes the holder's delete with no read).
 			{name: "Lock waiting", contended: true, skip: 1, lose: true, release: true},
 			{name: "TryLock waiting", try: true, wait: 5 * time.Second, contended: true, skip: 1, lose: true, release: true},
@@ -189,7 +189,7 @@ func (l famLocker) Key() string                               { return "" }
 // against a holder that comes and goes, never leave a key of theirs behind.
 func TestFamilyCancelRandom(t *testing.T) {
 	_, client := startServer(t)
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		const iterations = 120 // the second half against a contender
 		ctx := testContext(t)
 		name := lockName(t)
@@ -236,11 +236,11 @@ func TestFamilyCancelRandom(t *testing.T) {
 func TestFamilyWaiterLeaseRevoked(t *testing.T) {
 	_, client := startServer(t)
 	admin := startClient(t, client)
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)
 		name := lockName(t)
 		holder := p.blocker(newSession(t, client), name)
-		hold(t, holder)
+		mustLock(t, holder)
 		held := len(lockKeys(t, client, name))
 		s := newSession(t, client)
 		l := p.open(s, name)
@@ -276,7 +276,7 @@ func TestFamilyWaiterLeaseRevoked(t *testing.T) {
 // writes nothing to etcd; one that succeeds puts one key.
 func TestFamilyTryWritesNothing(t *testing.T) {
 	_, client := startServer(t)
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)
 		name := lockName(t)
 		l := p.open(newSession(t, client), name)
@@ -287,7 +287,7 @@ func TestFamilyTryWritesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		holder := p.blocker(newSession(t, client), name)
-		hold(t, holder)
+		mustLock(t, holder)
 		before := revision(t, client)
 		for range 3 {
 			if ok, err := l.TryLock(ctx, 0); ok || err != nil {
@@ -308,12 +308,12 @@ func TestFamilyTryWritesNothing(t *testing.T) {
 // without deleting anything of a later holder's.
 func TestFamilyFencedRelease(t *testing.T) {
 	_, client := startServer(t)
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)
 		name := lockName(t)
 		s := newSession(t, client)
 		l := p.open(s, name)
-		hold(t, l)
+		mustLock(t, l)
 		token := l.Token()
 		if token <= 0 {
 			t.Fatalf("Token while held: got %d, want > 0", token)
@@ -336,7 +336,7 @@ func TestFamilyFencedRelease(t *testing.T) {
 			t.Errorf("Txn guarded by IsOwner after the loss: got %v, %v, want failure", resp, err)
 		}
 		later := p.open(newSession(t, client), name)
-		hold(t, later)
+		mustLock(t, later)
 		if later.Token() <= token {
 			t.Errorf("later holder's token: got %d, want > %d", later.Token(), token)
 		}
@@ -357,7 +357,7 @@ func TestFamilyFencedRelease(t *testing.T) {
 func TestFamilyBadInput(t *testing.T) {
 	_, client := startServer(t)
 	s := newSession(t, client)
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)
 		before := revision(t, client)
 		var nilCtx context.Context
@@ -403,11 +403,11 @@ func TestFamilyBadInput(t *testing.T) {
 // lock once the blocker leaves, with a higher token.
 func TestFamilyExclusion(t *testing.T) {
 	_, client := startServer(t)
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)
 		name := lockName(t)
 		holder := p.blocker(newSession(t, client), name)
-		hold(t, holder)
+		mustLock(t, holder)
 		token := holder.Token()
 		l := p.open(newSession(t, client), name)
 		w := lockInGoroutine(t, ctx, famLocker{l})
@@ -438,7 +438,7 @@ func TestFamilyExclusion(t *testing.T) {
 // acknowledgement (at 2/3 of it).
 func TestFamilyDoneWhenCutOff(t *testing.T) {
 	srv, client := startServer(t)
-	forFamily(t, func(t *testing.T, p primitive) {
+	forFamily(t, func(t *testing.T, p member) {
 		t.Parallel()
 		pc, proxy := srv.ProxiedClient(t)
 		defer proxy.Unblackhole() // before the cleanups close the Session
@@ -446,7 +446,7 @@ func TestFamilyDoneWhenCutOff(t *testing.T) {
 		s := aliveSession(t, pc, ttl)
 		acks, _ := ackWatch(t, pc, s.Lease())
 		l := p.open(s, lockName(t))
-		hold(t, l)
+		mustLock(t, l)
 		before := acks.last()
 		eventually(t, "a keep-alive acknowledgement", func() bool { return acks.last().After(before) })
 		proxy.Blackhole()

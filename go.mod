@@ -3,6 +3,7 @@ module github.com/etcdlock/etcdlock
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.0
 	github.com/petermattis/goid v0.0.0-20260820044319-269ab09b5261
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/client_model v0.6.2

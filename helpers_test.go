@@ -29,6 +29,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	holderMain() // a holder process of the process test (process_test.go), when run as one
 	if os.Getenv(v3lockServerEnv) == "1" {
 		runV3lockServer()
 	}
