@@ -482,14 +482,21 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	r.mu.Unlock()
 	r.classify(res)
 	res.keysLeft = len(lockKeys(t, observer, r.name))
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// A Session closed while cut off could not revoke its lease: it expires
+	// within the TTL (a leader change during the faults renews it once
+	// more), and etcd reaps expired leases every 500 ms.
+	lctx, cancel := context.WithTimeout(ctx, 2*cfg.ttl+2*time.Second)
 	defer cancel()
-	leases, err := observer.Leases(lctx)
-	if err != nil {
-		t.Fatalf("list leases: got %v, want nil", err)
-	}
-	res.leasesLeft = len(leases.Leases)
-	for _, l := range leases.Leases {
+	var left []clientv3.LeaseStatus
+	_ = waitUntil(lctx, func() bool {
+		leases, err := observer.Leases(lctx)
+		if err == nil {
+			left = leases.Leases
+		}
+		return err == nil && len(left) == 0
+	})
+	res.leasesLeft = len(left)
+	for _, l := range left {
 		if ttl, err := observer.TimeToLive(lctx, l.ID, clientv3.WithAttachedKeys()); err == nil {
 			t.Logf("lease %x left: TTL %d s of %d s, keys %q", l.ID, ttl.TTL, ttl.GrantedTTL, ttl.Keys)
 		}

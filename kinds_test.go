@@ -52,6 +52,74 @@ var kinds = map[string]kind{
 	"rwmutex-w":   {limit: 1, make: holding(openWriter)},
 	"rwmutex-r":   {limit: 0, shared: true, make: holding(openReader)},
 	"semaphore-2": {limit: 2, shared: true, make: holding(openSemaphore(2))},
+	"lead":        {limit: 1, make: leading},
+}
+
+// leading makes a kind's primitive of Lead: each hold is one term of a Lead
+// of its own, on a Session of its own with s's client and TTL.
+func leading(s *etcdlock.Session, name string, _ time.Duration) primitive {
+	return leadPrimitive{client: s.Client(), name: name, ttl: s.TTL()}
+}
+
+type leadPrimitive struct {
+	client *clientv3.Client
+	name   string
+	ttl    time.Duration
+}
+
+// A leadTerm is what Lead's f hands to acquire: its context and hold, and the
+// channel that ends it.
+type leadTerm struct {
+	ctx context.Context
+	h   etcdlock.Held
+	end chan struct{}
+}
+
+// acquire campaigns until the first term, or until ctx ends. The term ends
+// with release, which stops Lead and waits for it: Lead releases the lock
+// only once f has returned.
+func (p leadPrimitive) acquire(ctx context.Context) (int64, func(context.Context) error, <-chan struct{}, clientv3.Cmp, error) {
+	lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	terms := make(chan leadTerm, 1)
+	led := make(chan error, 1)
+	go func() {
+		led <- etcdlock.Lead(lctx, p.client, p.name, func(fctx context.Context) error {
+			h, _ := etcdlock.HeldFrom(fctx)
+			tm := leadTerm{ctx: fctx, h: h, end: make(chan struct{})}
+			terms <- tm
+			select {
+			case <-tm.end:
+			case <-fctx.Done():
+				<-tm.end // the hold is the test's until it releases it
+			}
+			return nil
+		}, etcdlock.WithTTL(p.ttl))
+	}()
+	var tm leadTerm
+	select {
+	case tm = <-terms:
+	case <-ctx.Done():
+		stop()
+		select {
+		case tm = <-terms: // a term began as ctx ended: end it
+			close(tm.end)
+		case <-led:
+			return 0, nil, nil, clientv3.Cmp{}, ctx.Err()
+		}
+		<-led
+		return 0, nil, nil, clientv3.Cmp{}, ctx.Err()
+	}
+	release := func(context.Context) error {
+		lost := tm.ctx.Err() != nil
+		stop()
+		close(tm.end)
+		<-led
+		if lost {
+			return etcdlock.ErrLockLost
+		}
+		return nil
+	}
+	return tm.h.Token, release, tm.ctx.Done(), tm.h.IsOwner(), nil
 }
 
 // holding makes a kind's primitive of a lock of the family (family_test.go).
