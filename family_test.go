@@ -122,7 +122,17 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 							released <- err
 							return
 						}
-						released <- holder.Release()
+						// The holder, then the middle waiter, leave: we are
+						// woken by a release and read our place.
+						if err := holder.Release(); err != nil {
+							released <- err
+							return
+						}
+						if err := <-middle.locked; err != nil {
+							released <- err
+							return
+						}
+						released <- middle.Release()
 					}()
 				}
 				s := newSession(t, ic)
@@ -154,12 +164,6 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 				}
 				if tc.release {
 					if err := <-released; err != nil {
-						t.Fatal(err)
-					}
-					if err := waitErr(t, middle.locked); err != nil {
-						t.Fatal(err)
-					}
-					if err := middle.Release(); err != nil {
 						t.Fatal(err)
 					}
 				} else if holder != nil {

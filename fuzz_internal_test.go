@@ -55,9 +55,9 @@ func FuzzIsLockKey(f *testing.F) {
 
 // FuzzPlaced feeds the parser of the acquire Txn's reply arbitrary replies:
 // a malformed one must be an error, never a panic or a hold. A reply it
-// accepts gives our key's revision, keys to wait for only if they are keys
-// of the lock created before ours, and says that the one we wait for is the
-// holder only if the reply's oldest key is that one.
+// accepts gives our key's revision, a key to wait for only if it is a key of
+// the lock created before ours, and says that it is the holder only if it is
+// the only one.
 func FuzzPlaced(f *testing.F) {
 	const pfx, key = "l/", "l/a"
 	kv := func(key string, create int64) *mvccpb.KeyValue {
@@ -69,13 +69,13 @@ func FuzzPlaced(f *testing.F) {
 	putOp := &pb.ResponseOp{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{}}}
 	for _, resp := range []*pb.TxnResponse{
 		// We put our key and own the lock.
-		{Header: &pb.ResponseHeader{Revision: 10}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 10)), rangeOp(kv(key, 10))}},
+		{Header: &pb.ResponseHeader{Revision: 10}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 10))}},
 		// We put our key behind an older one, the holder.
-		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 7)), rangeOp(kv("l/b", 7))}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 7))}},
 		// We put our key behind two older ones.
-		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 9), kv("l/c", 7)), rangeOp(kv("l/c", 7))}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 9), kv("l/c", 7))}},
 		// We put our key; the next newest is a nested lock's key (D11).
-		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/x/b", 11)), rangeOp(kv("l/x/b", 11))}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/x/b", 11))}},
 		// Our key was already there (WithLease).
 		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(kv(key, 9))}},
 		// A header and no results, as seen after a healed partition.
@@ -132,14 +132,18 @@ func FuzzPlaced(f *testing.F) {
 		if p.watch != "" {
 			older(p.watch)
 		}
-		if p.also != "" {
-			older(p.also)
-		}
 		if p.owner {
-			first := resp.Responses[2].GetResponseRange().Kvs
-			complete := len(resp.Responses[1].GetResponseRange().Kvs) < 3
-			if !complete && (len(first) != 1 || string(first[0].Key) != p.watch) {
-				t.Errorf("placed(%v): %q taken for the holder, want it only if it is the oldest key", &resp, p.watch)
+			// The holder only if the reply holds every older key, and it
+			// is the only one of the lock.
+			kvs := resp.Responses[1].GetResponseRange().Kvs
+			members := 0
+			for _, kv := range kvs {
+				if string(kv.Key) != key && isLockKey(pfx, kv.Key) {
+					members++
+				}
+			}
+			if len(kvs) >= 3 || members != 1 {
+				t.Errorf("placed(%v): %q taken for the holder, want it only if it is the only older key", &resp, p.watch)
 			}
 		}
 	})

@@ -84,11 +84,9 @@ type place struct {
 	prefix bool   // watch every key under watch, for deletes (a semaphore's head waiter)
 	puts   bool   // also wake on a put of watch (a semaphore waiter: its predecessor's admission)
 	next   bool   // a key is queued behind ours
-	// A lock's waiter: owner means watch is the oldest key that blocks us,
-	// so that its delete makes us the holder with no read; else also, if
-	// set, is the key before watch, whose delete may make watch the oldest.
+	// owner: watch is the only key that blocks us (a lock's waiter), so
+	// that its delete makes us the holder with no read.
 	owner bool
-	also  string
 }
 
 func (p place) holds() bool { return p.watch == "" }
@@ -354,14 +352,12 @@ func (t *ticket) wait(ctx context.Context, p place) (place, error) {
 
 	for !p.holds() {
 		bctx, stop := context.WithCancel(wctx)
-		first, second := t.watch(bctx, p)
+		wch := t.watch(bctx, p)
 		var next place
 		var err error
 		for next.seen == 0 && err == nil {
 			select {
-			case wr, ok := <-first:
-				next, err = t.woken(ctx, p, wr, ok)
-			case wr, ok := <-second:
+			case wr, ok := <-wch:
 				next, err = t.woken(ctx, p, wr, ok)
 			case wr, ok := <-own:
 				if !ok {
@@ -390,15 +386,14 @@ func (t *ticket) wait(ctx context.Context, p place) (place, error) {
 	return p, nil
 }
 
-// watch opens the watches of a wait from p: the key to watch, and the key
-// before it (also), if any; or, when the key to watch is the oldest that
-// blocks us and sits beside ours, one watch of the range from it to our key,
-// whose events come in revision order: our key's delete, if any, before
-// the holder's.
-func (t *ticket) watch(ctx context.Context, p place) (first, second clientv3.WatchChan) {
+// watch opens the watch of a wait from p: of the key to watch; or, when it
+// is the only key that blocks us and sits beside ours, of the range from it
+// to our key, whose events come in revision order: our key's delete, if
+// any, before the holder's.
+func (t *ticket) watch(ctx context.Context, p place) clientv3.WatchChan {
 	if t.ownerRange(p) {
 		lo, hi := min(p.watch, t.key), max(p.watch, t.key)
-		return t.s.client.Watch(ctx, lo, clientv3.WithRange(hi+"\x00"), clientv3.WithFilterPut(), clientv3.WithCreatedNotify()), nil
+		return t.s.client.Watch(ctx, lo, clientv3.WithRange(hi+"\x00"), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 	}
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
 	if p.prefix {
@@ -407,13 +402,7 @@ func (t *ticket) watch(ctx context.Context, p place) (first, second clientv3.Wat
 	if !p.puts {
 		opts = append(opts, clientv3.WithFilterPut())
 	}
-	first = t.s.client.Watch(ctx, p.watch, opts...)
-	if p.also != "" && parent(p.watch) == parent(t.key) {
-		// Only then can the key before ours become the holder whose
-		// delete we take with no read (ownerRange).
-		second = t.s.client.Watch(ctx, p.also, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	}
-	return first, second
+	return t.s.client.Watch(ctx, p.watch, opts...)
 }
 
 // ownerRange reports whether a wait from p watches the range from the
@@ -675,13 +664,10 @@ func (r *rule) newest() []clientv3.Op {
 		return r.all(0)
 	}
 	// Our new key is the newest in etcd, so the three newest keys under the
-	// prefix are ours and, usually, the two before it; and the oldest tells
-	// whether the one before ours is the holder.
-	return []clientv3.Op{
-		clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(3),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
-		clientv3.OpGet(r.blocking, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
-	}
+	// prefix are ours, usually our predecessor, and a third if there is
+	// one: without it, our predecessor is the holder.
+	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(3),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
 }
 
 // oldest returns the Op that reads what blocks a key put now, when a try
@@ -714,9 +700,8 @@ func (r *rule) allOptions(rev int64) []clientv3.OpOption {
 }
 
 // older returns the Ops that read what blocks the key at rev: for a lock,
-// the two newest older keys and the oldest key (or, if full, every older
-// key, to skip nested keys); for a semaphore, every older key, and the key
-// behind ours, if any.
+// the two newest older keys (or, if full, every older key, to skip nested
+// keys); for a semaphore, every older key, and the key behind ours, if any.
 func (r *rule) older(rev int64, full bool) []clientv3.Op {
 	switch {
 	case r.limit > 0:
@@ -725,11 +710,8 @@ func (r *rule) older(rev int64, full bool) []clientv3.Op {
 	case full:
 		return r.all(rev)
 	}
-	return []clientv3.Op{
-		clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
-			clientv3.WithMaxCreateRev(rev-1), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
-		clientv3.OpGet(r.blocking, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
-	}
+	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
+		clientv3.WithMaxCreateRev(rev-1), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
 }
 
 // placeNew reads the place of our key, just put at rev, from the replies of
@@ -757,7 +739,7 @@ func (r *rule) placeNew(key string, replies []*pb.ResponseOp, rev int64) (place,
 	if r.limit > 0 {
 		return r.count(kvs, rev)
 	}
-	return r.lockPlace(kvs, len(rr.Kvs) < 3, replies[1].GetResponseRange().Kvs, rev), nil
+	return r.lockPlace(kvs, len(rr.Kvs) < 3, rev), nil
 }
 
 // placeOlder reads the place of the key at rev from the replies of
@@ -786,9 +768,9 @@ func (r *rule) placeOlder(replies []*pb.ResponseOp, rev, seen int64, full bool) 
 		// Every older key, oldest first.
 		newestFirst := slices.Clone(older)
 		slices.Reverse(newestFirst)
-		return r.lockPlace(newestFirst, true, nil, seen), nil
+		return r.lockPlace(newestFirst, true, seen), nil
 	}
-	return r.lockPlace(older, len(older) < 2, replies[1].GetResponseRange().Kvs, seen), nil
+	return r.lockPlace(older, len(older) < 2, seen), nil
 }
 
 // placeFirst reads what blocks a key put now from the reply of oldest(),
@@ -817,11 +799,11 @@ func (r *rule) placeAll(rr *pb.RangeResponse, seen int64) (place, error) {
 }
 
 // lockPlace reads a lock's place from the keys older than ours under the
-// blocking prefix, newest first (every one if complete, else the newest
-// few), and the oldest key under the prefix (first, if read): we watch the
-// newest member, and the one before it. A nested key in an incomplete
-// window leaves the place unknown (seen == 0): read every key.
-func (r *rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, first []*mvccpb.KeyValue, seen int64) place {
+// blocking prefix, newest first: every one if complete, else the newest
+// few. We watch the newest member; when it is the only one, it holds, and
+// its delete makes us the holder. A nested key in an incomplete window
+// leaves the place unknown (seen == 0): read every key.
+func (r *rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, seen int64) place {
 	var members []*mvccpb.KeyValue
 	for _, kv := range newestFirst {
 		if !r.member(kv.Key) {
@@ -835,16 +817,7 @@ func (r *rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, first []
 	if len(members) == 0 {
 		return place{seen: seen}
 	}
-	p := place{seen: seen, watch: string(members[0].Key)}
-	if len(members) > 1 {
-		p.also = string(members[1].Key)
-	}
-	if complete {
-		p.owner = len(members) == 1
-	} else {
-		p.owner = len(first) == 1 && string(first[0].Key) == p.watch
-	}
-	return p
+	return place{seen: seen, watch: string(members[0].Key), owner: complete && len(members) == 1}
 }
 
 // count reads a semaphore's place from every key older than ours, oldest
