@@ -1343,20 +1343,33 @@ const v3lockServerEnv = "ETCDLOCK_TEST_V3LOCK_SERVER"
 // outlive the server, which goleak would report in this process.
 func v3lockServer(t *testing.T) *clientv3.Client {
 	t.Helper()
+	ep := childServer(t)
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// childServer starts an embedded etcd in a child process (runV3lockServer)
+// and returns its client URL. The child stops etcd and exits at tb.Cleanup.
+func childServer(tb testing.TB) string {
+	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), v3lockServerEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	endpoint := make(chan string, 1)
 	drained := make(chan struct{})
@@ -1369,7 +1382,7 @@ func v3lockServer(t *testing.T) *clientv3.Client {
 			}
 		}
 	}()
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		_ = stdin.Close() // the child stops etcd and exits
 		select {
 		case <-drained:
@@ -1379,20 +1392,15 @@ func v3lockServer(t *testing.T) *clientv3.Client {
 		}
 		_ = cmd.Wait()
 	})
-	var ep string
 	select {
-	case ep = <-endpoint:
+	case ep := <-endpoint:
+		return ep
 	case <-drained:
-		t.Fatalf("etcd child process exited without an endpoint: %s", stderr.String())
+		tb.Fatalf("etcd child process exited without an endpoint: %s", stderr.String())
 	case <-time.After(testTimeout):
-		t.Fatal("etcd child process gave no endpoint in time")
+		tb.Fatal("etcd child process gave no endpoint in time")
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return ""
 }
 
 // runV3lockServer is the child process of v3lockServer, run from TestMain:
