@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -14,95 +15,97 @@ var closed = func() chan struct{} {
 	return c
 }()
 
-// hold is the loss signal of one hold: its channel closes when the hold ends
-// or is lost. Its fields are guarded by the lock record's mu.
+// A hold is one hold of a key in etcd, from its acquisition to its release:
+// its fencing token and its loss signal, whose channel closes when the hold
+// ends or is lost.
 type hold struct {
+	rev int64 // our key's create revision: the fencing token
+
+	mu       sync.Mutex
 	done     chan struct{}
 	signaled bool
-	stop     context.CancelFunc // stops the monitor goroutine; nil until Done is called
+	stop     context.CancelFunc // stops the monitor goroutine; nil until lost is called
 }
+
+func newHold(rev int64) *hold {
+	return &hold{rev: rev, done: make(chan struct{})}
+}
+
+// again returns a new hold of the same key: a local hand-off keeps the key
+// and token but gives the next goroutine a loss signal of its own.
+func (h *hold) again() *hold { return newHold(h.rev) }
 
 // signal closes the hold's channel, once.
 func (h *hold) signal() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if !h.signaled {
 		h.signaled = true
 		close(h.done)
 	}
 }
 
-// end is called when the last hold is released.
+// end is called when the hold is released: it closes the channel and stops
+// the monitor.
 func (h *hold) end() {
 	h.signal()
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.stop != nil {
 		h.stop()
 	}
 }
 
-// Done returns a channel that is closed when this process's current hold
-// ends or is lost, whichever goroutine asks. It is already closed when
-// nothing is held. Each new hold gets a new channel, which stays open through
-// re-locks and non-final unlocks and closes on the last unlock.
+// lost returns the hold's loss signal for our key, starting on the first
+// call a goroutine of the Session that closes it when the hold is lost.
 //
-// While the lock is held, the channel closes:
+// The channel closes:
 //   - within about 100 ms of our key being deleted, by anyone, or of the
 //     lease being revoked (which deletes the key);
 //   - when keep-alive acknowledgements have stopped for two thirds of the
 //     TTL, which is before etcd can expire the lease unless a reply was
-//     delayed by more than a third of the TTL; it never closes while
-//     keep-alives are acknowledged on time (every TTL/3);
-//   - when the Session ends.
-//
-// A closed channel means: stop touching the guarded resource. It does not
-// release the lock: call Unlock as usual. Watching costs one etcd watch and
-// one goroutine per hold, started on the first call to Done.
-func (m *Mutex) Done() <-chan struct{} {
-	st := m.peek()
-	if st == nil {
-		return closed
-	}
-	defer st.mu.Unlock()
-	h := st.hold
-	if h == nil {
-		return closed
-	}
+//     delayed by more than a third of the TTL; never while keep-alives are
+//     acknowledged on time (every TTL/3);
+//   - when the Session ends, and when the hold ends.
+func (h *hold) lost(s *Session, key string) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.stop == nil && !h.signaled {
-		ctx, cancel := context.WithCancel(m.s.cs.Ctx())
+		ctx, cancel := context.WithCancel(s.cs.Ctx())
 		h.stop = cancel
-		rev := st.rev
-		if !m.s.goBackground(func() { m.monitor(ctx, st, h, rev) }) {
-			h.signal()
+		if !s.goBackground(func() { h.monitor(ctx, s, key) }) {
+			h.signaled = true
+			close(h.done)
 		}
 	}
 	return h.done
 }
 
-// monitor closes h's channel when the hold at rev is lost, and returns when
-// it is, or when ctx ends (the hold ended or the Session ended).
-func (m *Mutex) monitor(ctx context.Context, st *lockState, h *hold, rev int64) {
-	for from := rev + 1; from != 0; {
-		from = m.watchLoss(ctx, rev, from)
+// monitor closes the channel when the hold is lost, and returns when it is,
+// or when ctx ends (the hold ended or the Session ended).
+func (h *hold) monitor(ctx context.Context, s *Session, key string) {
+	for from := h.rev + 1; from != 0; {
+		from = h.watchLoss(ctx, s, key, from)
 	}
-	st.mu.Lock()
 	h.signal()
-	st.mu.Unlock()
 }
 
-// watchLoss watches our key at rev from revision from. It returns 0 when the
-// hold is lost, keep-alives went silent or ctx ended, and the revision to
-// watch from again when the history it needed was compacted.
-func (m *Mutex) watchLoss(ctx context.Context, rev, from int64) int64 {
+// watchLoss watches our key from revision from. It returns 0 when the hold is
+// lost, keep-alives went silent or ctx ended, and the revision to watch from
+// again when the history it needed was compacted.
+func (h *hold) watchLoss(ctx context.Context, s *Session, key string, from int64) int64 {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := m.s.client.Watch(wctx, m.key, clientv3.WithRev(from), clientv3.WithFilterPut())
-	timer := time.NewTimer(m.s.untilSilent())
+	wch := s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut())
+	timer := time.NewTimer(s.untilSilent())
 	defer timer.Stop()
 	for {
 		select {
 		case wr, ok := <-wch:
 			if ok && wr.CompactRevision != 0 {
 				// Read the key instead, and watch again from now.
-				resp, err := m.s.client.Get(ctx, m.key)
-				if err != nil || resp == nil || resp.Header == nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != rev {
+				resp, err := s.client.Get(ctx, key)
+				if err != nil || resp == nil || resp.Header == nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != h.rev {
 					return 0
 				}
 				return resp.Header.Revision + 1
@@ -112,18 +115,11 @@ func (m *Mutex) watchLoss(ctx context.Context, rev, from int64) int64 {
 				return 0
 			}
 		case <-timer.C:
-			d := m.s.untilSilent()
+			d := s.untilSilent()
 			if d <= 0 {
 				return 0
 			}
 			timer.Reset(d)
 		}
 	}
-}
-
-// untilSilent returns how long until keep-alives have gone unacknowledged
-// for two thirds of the TTL: the point where the lease may expire soon.
-func (s *Session) untilSilent() time.Duration {
-	last := time.Unix(0, s.lastAck.Load())
-	return time.Until(last.Add(s.ttl - s.ttl/3))
 }

@@ -9,7 +9,5 @@ func Queued(s *Session, name string) int {
 	if st == nil {
 		return 0
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return len(st.queue)
+	return st.waiting()
 }

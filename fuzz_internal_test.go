@@ -53,11 +53,11 @@ func FuzzIsLockKey(f *testing.F) {
 	})
 }
 
-// FuzzAcquired feeds the parser of the acquire Txn's reply arbitrary replies:
+// FuzzPlaced feeds the parser of the acquire Txn's reply arbitrary replies:
 // a malformed one must be an error, never a panic or a hold. A reply it
-// accepts gives our key's revision, and a predecessor only if it is a key of
-// the lock created before ours; a put's reply must name our key first.
-func FuzzAcquired(f *testing.F) {
+// accepts gives our key's revision, and a key to wait for only if it is a key
+// of the lock created before ours.
+func FuzzPlaced(f *testing.F) {
 	const pfx, key = "l/", "l/a"
 	kv := func(key string, create int64) *mvccpb.KeyValue {
 		return &mvccpb.KeyValue{Key: []byte(key), CreateRevision: create, ModRevision: create}
@@ -81,6 +81,7 @@ func FuzzAcquired(f *testing.F) {
 		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(), rangeOp()}},
 		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, {}}},
 		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv("l/b", 7), kv(key, 12))}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 13))}},
 	} {
 		data, err := proto.Marshal(resp)
 		if err != nil {
@@ -88,38 +89,43 @@ func FuzzAcquired(f *testing.F) {
 		}
 		f.Add(data)
 	}
+	r := &rule{blocking: pfx, member: func(k []byte) bool { return isLockKey(pfx, k) }}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var resp pb.TxnResponse
 		if err := proto.Unmarshal(data, &resp); err != nil {
 			return
 		}
-		q, err := acquired(pfx, key, (*clientv3.TxnResponse)(&resp))
+		tk := &ticket{rule: r, key: key}
+		p, err := tk.placed((*clientv3.TxnResponse)(&resp))
 		if err != nil {
 			return
 		}
 		if resp.Header == nil {
-			t.Fatalf("acquired accepted a reply without a header, want an error")
+			t.Fatalf("placed accepted a reply without a header, want an error")
 		}
-		if q.rev <= 0 {
-			t.Errorf("acquired(%v): rev %d, want > 0", &resp, q.rev)
+		if tk.rev <= 0 {
+			t.Errorf("placed(%v): rev %d, want > 0", &resp, tk.rev)
 		}
 		if !resp.Succeeded {
-			if q.known {
-				t.Errorf("acquired(%v): predecessor known from a reply without the put, want unknown", &resp)
+			if p.seen != 0 {
+				t.Errorf("placed(%v): place known from a reply without the put, want unknown", &resp)
 			}
 			return
 		}
-		if q.rev != resp.Header.Revision {
-			t.Errorf("acquired(%v): rev %d, want the put's revision %d", &resp, q.rev, resp.Header.Revision)
+		if tk.rev != resp.Header.Revision {
+			t.Errorf("placed(%v): rev %d, want the put's revision %d", &resp, tk.rev, resp.Header.Revision)
 		}
-		if got := resp.Responses[1].GetResponseRange().Kvs[0]; string(got.Key) != key {
-			t.Errorf("acquired(%v) accepted %q as the newest key, want our key %q", &resp, got.Key, key)
+		if p.watch == "" {
+			return
 		}
-		if q.known && q.pred != "" {
-			pred := resp.Responses[1].GetResponseRange().Kvs[1]
-			if !isLockKey(pfx, pred.Key) || pred.CreateRevision >= q.rev {
-				t.Errorf("acquired(%v): predecessor %q at %d, want a key of the lock created before %d", &resp, pred.Key, pred.CreateRevision, q.rev)
+		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+			if string(kv.Key) == p.watch {
+				if !isLockKey(pfx, kv.Key) || kv.CreateRevision >= tk.rev {
+					t.Errorf("placed(%v): waits for %q at %d, want a key of the lock created before %d", &resp, kv.Key, kv.CreateRevision, tk.rev)
+				}
+				return
 			}
 		}
+		t.Errorf("placed(%v): waits for %q, which the reply does not have", &resp, p.watch)
 	})
 }

@@ -50,7 +50,7 @@ func TestD6StaleRelease(t *testing.T) {
 		return resp.Kvs[0].CreateRevision
 	}
 
-	deleted, err := m.release(ctx, old, time.Second)
+	deleted, err := m.ticket(old).release(ctx, time.Second)
 	if err != nil || deleted {
 		t.Errorf("release fenced on %d of the key created at %d: got %v, %v, want false, nil", old, newer, deleted, err)
 	}
@@ -58,32 +58,21 @@ func TestD6StaleRelease(t *testing.T) {
 		t.Fatalf("key after the stale release: got create revision %d, want %d (intact)", got, newer)
 	}
 
-	// The background retry, with the turn taken as UnlockContext leaves it.
-	st := m.record()
-	st.owner, st.holds, st.rev = 0, 0, 0
-	st.hold.end()
-	st.hold = nil
-	st.mu.Unlock()
-	m.releaseLater(st, old)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st.mu.Lock()
-		busy := st.busy
-		st.mu.Unlock()
-		if !busy {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the background retry still holds the turn after 30s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	// The background retry, as UnlockContext starts it when etcd does not
+	// confirm the delete.
+	retried := make(chan struct{})
+	m.ticket(old).releaseLater(func() { close(retried) })
+	select {
+	case <-retried:
+	case <-ctx.Done():
+		t.Fatal("the background retry did not end")
 	}
 	if got := keyRev(); got != newer {
 		t.Fatalf("key after the stale background retry: got create revision %d, want %d (intact)", got, newer)
 	}
 
 	// Fenced on the right revision, the release deletes it.
-	deleted, err = m.release(ctx, newer, time.Second)
+	deleted, err = m.ticket(newer).release(ctx, time.Second)
 	if err != nil || !deleted {
 		t.Errorf("release fenced on %d of the key created at %d: got %v, %v, want true, nil", newer, newer, deleted, err)
 	}

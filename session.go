@@ -21,7 +21,7 @@ const (
 	setupTimeout = 5 * time.Second
 	// revokeTimeout bounds the revoke in Close, so Close returns within 5 s
 	// even when etcd is unreachable.
-	revokeTimeout = 3 * time.Second
+	revokeTimeout = 2 * time.Second
 )
 
 // A Session is one etcd lease, kept alive in the background, shared by every
@@ -35,7 +35,8 @@ type Session struct {
 	client      *clientv3.Client
 	cs          *concurrency.Session
 	ttl         time.Duration
-	maxHandoffs int // WithLocalHandoff
+	maxHandoffs int    // WithLocalHandoff
+	identity    string // WithIdentity: the value of every key we put
 
 	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
 	lastAck atomic.Int64
@@ -47,6 +48,7 @@ type Session struct {
 
 	stopRevoke func() bool   // stops the WithContext revoke, if any
 	revoked    chan struct{} // closed when the WithContext revoke has finished
+	revokeErr  error         // the WithContext revoke's result, once revoked is closed
 	closeOnce  sync.Once
 	closeErr   error
 }
@@ -61,6 +63,7 @@ type sessionOptions struct {
 	lease    clientv3.LeaseID
 	ctx      context.Context
 	handoffs int
+	identity string
 	err      error
 }
 
@@ -141,6 +144,15 @@ func WithLocalHandoff(n int) SessionOption {
 	})
 }
 
+// WithIdentity sets the value of every key the Session puts in etcd: who
+// holds or waits, for Inspect, etcdlock holders and anyone reading the keys
+// with etcdctl. The default is "", as concurrency.Mutex and etcdctl lock
+// write. Use something that names the process (host, pid, job); it is
+// stored in clear, so put no secret in it.
+func WithIdentity(id string) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) { o.identity = id })
+}
+
 // NewSession grants a lease on client (or adopts one, WithLease) and keeps
 // it alive in the background. It returns an error, and leaves no lease
 // behind, if client is nil, an option is invalid, or etcd does not answer
@@ -170,49 +182,60 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 	if err != nil {
 		return nil, err
 	}
+	s, err := keepAlive(client, id, ttl, o)
+	if err != nil {
+		if granted {
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(o.ctx), revokeTimeout)
+			defer rcancel()
+			_, _ = client.Revoke(rctx, id)
+		}
+		return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
+	}
+	return s, nil
+}
+
+// keepAlive starts keeping the lease id alive and returns the Session that
+// owns it.
+func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessionOptions) (*Session, error) {
 	cs, err := concurrency.NewSession(client,
 		concurrency.WithLease(id), concurrency.WithTTL(int(ttl)), concurrency.WithContext(o.ctx))
-	if err == nil {
-		// A second keep-alive channel on the same lease: it costs no extra
-		// RPC and tells us when each acknowledgement arrives, which
-		// concurrency.Session keeps to itself.
-		var acks <-chan *clientv3.LeaseKeepAliveResponse
-		acks, err = client.KeepAlive(cs.Ctx(), id)
-		if err == nil {
-			s := &Session{
-				client:      client,
-				cs:          cs,
-				ttl:         time.Duration(ttl) * time.Second,
-				maxHandoffs: o.handoffs,
-				locks:       make(map[string]*lockState),
-				revoked:     make(chan struct{}),
-			}
-			s.lastAck.Store(time.Now().UnixNano())
-			s.bg.Go(func() {
-				for range acks {
-					s.lastAck.Store(time.Now().UnixNano())
-				}
-			})
-			if o.ctx.Done() != nil {
-				s.stopRevoke = context.AfterFunc(o.ctx, func() {
-					defer close(s.revoked)
-					s.cs.Orphan()
-					s.revoke(context.WithoutCancel(o.ctx))
-				})
-			}
-			return s, nil
-		}
-		cs.Orphan()
+	if err != nil {
+		return nil, err
 	}
-	if granted {
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(o.ctx), revokeTimeout)
-		defer rcancel()
-		_, _ = client.Revoke(rctx, id)
-	}
+	// A second keep-alive channel on the same lease: it costs no extra RPC
+	// and tells us when each acknowledgement arrives, which
+	// concurrency.Session keeps to itself.
+	acks, err := client.KeepAlive(cs.Ctx(), id)
 	if err == nil {
 		err = o.ctx.Err()
 	}
-	return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
+	if err != nil {
+		cs.Orphan()
+		return nil, err
+	}
+	s := &Session{
+		client:      client,
+		cs:          cs,
+		ttl:         time.Duration(ttl) * time.Second,
+		maxHandoffs: o.handoffs,
+		identity:    o.identity,
+		locks:       make(map[string]*lockState),
+		revoked:     make(chan struct{}),
+	}
+	s.lastAck.Store(time.Now().UnixNano())
+	s.bg.Go(func() {
+		for range acks {
+			s.lastAck.Store(time.Now().UnixNano())
+		}
+	})
+	if o.ctx.Done() != nil {
+		s.stopRevoke = context.AfterFunc(o.ctx, func() {
+			defer close(s.revoked)
+			s.cs.Orphan()
+			s.revokeErr = s.revoke(context.WithoutCancel(o.ctx))
+		})
+	}
+	return s, nil
 }
 
 // lease grants a new lease, or checks that the adopted one exists, and
@@ -241,7 +264,9 @@ func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id c
 // waits for the Session's background work to stop. It returns within 5 s
 // even when etcd is unreachable; the lease then expires on its own within
 // the TTL. Close returns nil if the lease was already gone. It is safe to
-// call more than once; later calls return the first call's result.
+// call more than once; later calls return the first call's result. When the
+// WithContext context was cancelled first, that cancel has already revoked
+// the lease, and Close returns its result without asking etcd again.
 //
 // After Close, every lock call on the Session returns ErrSessionExpired.
 func (s *Session) Close() error {
@@ -251,9 +276,12 @@ func (s *Session) Close() error {
 		s.mu.Unlock()
 		s.cs.Orphan()
 		if s.stopRevoke != nil && !s.stopRevoke() {
+			// The WithContext revoke has started: one revoke is enough.
 			<-s.revoked
+			s.closeErr = s.revokeErr
+		} else {
+			s.closeErr = s.revoke(context.Background())
 		}
-		s.closeErr = s.revoke(context.Background())
 		s.bg.Wait()
 	})
 	return s.closeErr
@@ -297,6 +325,31 @@ func (s *Session) expired() bool {
 	default:
 		return s.cs.Ctx().Err() != nil
 	}
+}
+
+// opContext returns ctx, also cancelled when the Session ends and, for
+// wait > 0, after wait.
+func (s *Session) opContext(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
+	if wait > 0 {
+		ctx, cancel = context.WithTimeout(ctx, wait)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	stop := context.AfterFunc(s.cs.Ctx(), cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// leaseGone ends the Session once etcd has said that its lease no longer
+// exists: Done closes, and every lock call returns ErrSessionExpired, without
+// waiting for the next keep-alive to find out.
+func (s *Session) leaseGone() { s.cs.Orphan() }
+
+// untilSilent returns how long until keep-alives have gone unacknowledged
+// for two thirds of the TTL: the point where the lease may expire soon.
+func (s *Session) untilSilent() time.Duration {
+	last := time.Unix(0, s.lastAck.Load())
+	return time.Until(last.Add(s.ttl - s.ttl/3))
 }
 
 // goBackground runs f in a goroutine that Close waits for, unless the

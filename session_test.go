@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 )
 
 func TestSessionTTLRoundsUp(t *testing.T) {
@@ -223,4 +226,40 @@ func assertPanics(t *testing.T, what, want string, f func()) {
 		}
 	}()
 	f()
+}
+
+// TestSessionCloseAfterCancel: with etcd unreachable, Close racing the
+// revoke that cancelling the WithContext context started returns within
+// 5 s, and sends no second revoke after the first has answered.
+func TestSessionCloseAfterCancel(t *testing.T) {
+	srv := etcdtest.Start(t)
+	_, proxy := srv.ProxiedClient(t)
+	defer proxy.Unblackhole() // before the cleanups close the clients
+	var revokes atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.Lease/LeaseRevoke" {
+			revokes.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c := interceptedClient(t, proxy.Endpoints(), count, nil)
+	sctx, cancel := context.WithCancel(testContext(t))
+	s := newSession(t, c, etcdlock.WithContext(sctx), etcdlock.WithTTL(2*time.Second))
+
+	proxy.Blackhole()
+	cancel()
+	eventually(t, "the revoke started by the cancel", func() bool { return revokes.Load() == 1 })
+	start := time.Now()
+	err := s.Close()
+	took := time.Since(start)
+	t.Logf("Close, etcd down, after the cancel's revoke started: %v after %v", err, took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("Close: returned after %v, want ≤ 5s", took)
+	}
+	if err == nil {
+		t.Error("Close: got nil, want the revoke's error (etcd is unreachable)")
+	}
+	if n := revokes.Load(); n != 1 {
+		t.Errorf("revokes sent: got %d, want 1", n)
+	}
 }

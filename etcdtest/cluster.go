@@ -41,8 +41,8 @@ func init() {
 //
 // Methods that stop or start members report failures through the tb given to
 // StartCluster, so call them from that test's goroutine. A Cluster is
-// otherwise safe for concurrent use; Leader, Stop, Kill, Restart and Close
-// run one at a time.
+// otherwise safe for concurrent use; Stop, Kill, Restart and Close run one at
+// a time, and Leader, while it waits, sees each of them take effect.
 type Cluster struct {
 	tb    testing.TB
 	o     *options
@@ -103,8 +103,7 @@ func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
 	members := make([]*member, 0, n)
 	abort := func() {
 		for _, m := range members {
-			m.stop(true, false)
-			m.release()
+			m.stop(crash, releasePorts)
 		}
 	}
 	for i := range n {
@@ -251,7 +250,7 @@ func (c *Cluster) member(method string, i int) *member {
 func (c *Cluster) Stop(i int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.member("Stop", i).stop(false, true)
+	c.member("Stop", i).stop(graceful, keepPorts)
 }
 
 // Kill stops member i abruptly, like a crash: raft stops at once, with no
@@ -263,15 +262,16 @@ func (c *Cluster) Stop(i int) {
 func (c *Cluster) Kill(i int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.member("Kill", i).stop(true, true)
+	c.member("Kill", i).stop(crash, keepPorts)
 }
 
 // Restart starts the stopped member i again with its data directory and URLs.
 // When it makes a quorum with the running members, Restart returns once every
-// running member is ready to serve, and calls tb.Fatal if that takes more
-// than 30 s; without a quorum no member can be ready, so it returns as soon
-// as the member has started. Restart panics if i is out of range, if member i
-// runs, or after Close.
+// running member is ready to serve; without a quorum no member can be ready,
+// so it returns as soon as the member has started. It calls tb.Fatal if the
+// member fails to start (as when another socket took one of its ports) or
+// the running members are not ready within 30 s. Restart panics if i is out
+// of range, if member i runs, or after Close.
 func (c *Cluster) Restart(i int) {
 	c.tb.Helper()
 	c.mu.Lock()
@@ -313,8 +313,7 @@ func (c *Cluster) Close() {
 		var wg sync.WaitGroup
 		for _, m := range c.members {
 			wg.Go(func() {
-				m.stop(true, false)
-				m.release()
+				m.stop(crash, releasePorts)
 			})
 		}
 		wg.Wait()

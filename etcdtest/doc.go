@@ -6,18 +6,27 @@
 // Both hand out clients, closed for you by tb.Cleanup, and clients whose
 // traffic goes through a Proxy that can drop, delay or hold it. Everything is
 // stopped when the test ends, clients first, so that goleak.VerifyTestMain
-// stays clean.
+// stays clean. A test uses it like this; example_test.go runs this test,
+// and others like it for ProxiedClient and StartCluster, as they are:
 //
-//	func TestPut(t *testing.T) {
-//		srv := etcdtest.Start(t)
-//		cli := srv.Client(t)
-//		if _, err := cli.Put(t.Context(), "k", "v"); err != nil {
+//	func TestExampleStart(t *testing.T) {
+//		srv := etcdtest.Start(t) // stopped by t.Cleanup
+//		cli := srv.Client(t)     // closed by t.Cleanup, before the server
+//		if _, err := cli.Put(t.Context(), "greeting", "hello"); err != nil {
 //			t.Fatalf("put: got %v, want nil", err)
+//		}
+//		resp, err := cli.Get(t.Context(), "greeting")
+//		if err != nil {
+//			t.Fatalf("get: got %v, want nil", err)
+//		}
+//		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "hello" {
+//			t.Fatalf("get: got %v, want greeting=hello", resp.Kvs)
 //		}
 //	}
 //
 // New starts a single-member server without a testing.TB, for Example
-// functions and programs such as a demo; its caller calls Close.
+// functions and programs such as a demo; its caller calls Close, which stops
+// etcd and removes its data. The package's Example functions use it.
 //
 // The members are tuned for tests: a 10 ms heartbeat and a 100 ms election
 // timeout (leases may be as short as 1 s), no fsync unless WithFsync is

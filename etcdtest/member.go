@@ -90,22 +90,39 @@ func (m *member) waitReady(deadline <-chan time.Time) error {
 	}
 }
 
-// stop stops m if it runs. hard skips the leadership hand-over, as a crash
-// would; keepPorts holds m's ports for a restart.
-func (m *member) stop(hard, keepPorts bool) {
-	if m.e == nil {
-		return
+// stopMode is how stop stops a member.
+type stopMode int
+
+const (
+	graceful stopMode = iota // a leader hands its leadership over first, as on SIGTERM
+	crash                    // raft stops at once, with no hand-over
+)
+
+// portsAfterStop is what stop does with a member's ports.
+type portsAfterStop int
+
+const (
+	releasePorts portsAfterStop = iota // let them go, with any held ones: the member is done
+	keepPorts                          // hold them until the member restarts
+)
+
+// stop stops m if it runs, and keeps or releases its ports.
+func (m *member) stop(mode stopMode, ports portsAfterStop) {
+	if m.e != nil {
+		if mode == crash {
+			m.e.Server.HardStop()
+		}
+		m.stopping()
+		m.e.Close()
+		m.e, m.stopping = nil, nil
+		if ports == keepPorts {
+			// On failure another socket took a port in the meantime, and
+			// Restart reports it.
+			m.hold, _ = holdPorts(m.clientURL.Host, m.peerURL.Host)
+		}
 	}
-	if hard {
-		m.e.Server.HardStop()
-	}
-	m.stopping()
-	m.e.Close()
-	m.e, m.stopping = nil, nil
-	if keepPorts {
-		// On failure another socket took a port in the meantime, and
-		// Restart reports it.
-		m.hold, _ = holdPorts(m.clientURL.Host, m.peerURL.Host)
+	if ports == releasePorts {
+		m.release()
 	}
 }
 

@@ -2,8 +2,8 @@ package etcdtest
 
 import "go.uber.org/zap"
 
-// An Option changes how Start and StartCluster configure etcd and the clients
-// they hand out.
+// An Option changes how Start, New and StartCluster configure etcd and the
+// clients they hand out.
 type Option interface {
 	apply(*options)
 }
@@ -29,8 +29,9 @@ func buildOptions(opts []Option) *options {
 
 // WithTLS serves clients over TLS only: client URLs use https, with a
 // self-signed CA, a server certificate for 127.0.0.1 and localhost, and a
-// client certificate, all written to a tb.TempDir(). Clients from Client and
-// ProxiedClient use them; TLS returns the files. Peer traffic between cluster
+// client certificate, all written to a tb.TempDir() (under New, to the
+// directory that Close removes). Clients from Client, ProxiedClient and
+// NewClient use them; TLS returns the files. Peer traffic between cluster
 // members stays plain http.
 //
 // Default: clients are served over plain http.

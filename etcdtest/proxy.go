@@ -17,9 +17,10 @@ import (
 // of them, both directions, for connections already open and new ones.
 //
 // The proxies forward bytes and know nothing of gRPC or TLS. They listen on
-// every interface, not only 127.0.0.1, as the proxy package does. A Proxy
-// lives as long as its client and closes with it. Its methods are safe for
-// concurrent use and do nothing once the client is closed.
+// every interface, not only 127.0.0.1, as the proxy package does. A Proxy is
+// closed together with its client, by tb.Cleanup or by Close; closing the
+// client by hand leaves the proxy running until then. Its methods are safe
+// for concurrent use and have no effect once the client is closed.
 type Proxy struct {
 	servers   []proxy.Server
 	endpoints []string

@@ -1,21 +1,17 @@
 package etcdtest_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 )
 
 // scopedTB is a testing.TB whose cleanups and temporary directories end with
-// its own cleanup call rather than with a test. Example functions, which get
-// no testing.TB, use one around a nil TB; BenchmarkStart uses one per
+// its own cleanup call rather than with the test. BenchmarkStart uses one per
 // iteration so that servers and data directories do not pile up.
 type scopedTB struct {
-	testing.TB // nil in examples: only the methods below may be used then
-	cleanups   []func()
+	testing.TB
+	cleanups []func()
 }
-
-func (t *scopedTB) Helper() {}
 
 func (t *scopedTB) Cleanup(f func()) { t.cleanups = append(t.cleanups, f) }
 
@@ -26,13 +22,6 @@ func (t *scopedTB) TempDir() string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
-}
-
-func (t *scopedTB) Fatalf(format string, args ...any) {
-	if t.TB != nil {
-		t.TB.Fatalf(format, args...)
-	}
-	panic(fmt.Sprintf(format, args...))
 }
 
 // cleanup runs the cleanups, last registered first, like testing does.

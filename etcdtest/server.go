@@ -15,10 +15,11 @@ import (
 )
 
 // A Server is a single-member etcd running in the test's process, with its
-// data in a tb.TempDir(). It is real etcd (go.etcd.io/etcd/server/v3/embed)
-// with fast timings: a 10 ms heartbeat, a 100 ms election timeout (so the
-// minimum lease TTL is 1 s instead of 2 s) and no fsync (unless WithFsync),
-// which only matters if the machine crashes.
+// data in a tb.TempDir() (Start) or in a directory that Close removes (New).
+// It is real etcd (go.etcd.io/etcd/server/v3/embed) with fast timings: a
+// 10 ms heartbeat, a 100 ms election timeout (so the minimum lease TTL is 1 s
+// instead of 2 s) and no fsync (unless WithFsync), which only matters if the
+// machine crashes.
 //
 // A Server is safe for concurrent use.
 type Server struct {
@@ -33,7 +34,9 @@ type Server struct {
 
 // Start starts a single-member etcd on 127.0.0.1 and returns once it is ready
 // to serve clients. It calls tb.Fatal if etcd fails to start or is not ready
-// within 30 s, and registers Close with tb.Cleanup.
+// within 30 s, and registers Close with tb.Cleanup. Its data, and its
+// certificates under WithTLS, live in tb.TempDir() directories, which the
+// testing package removes when the test ends, after Close.
 //
 // The client and peer listeners use ports chosen by the kernel; there are no
 // metrics, pprof or HTTP/JSON gateway listeners.
@@ -49,8 +52,11 @@ func Start(tb testing.TB, opts ...Option) *Server {
 
 // New starts a single-member etcd like Start, for code that has no
 // testing.TB: Example functions, demos, programs' own integration checks. Its
-// data lives in a new directory under os.TempDir(), removed by Close. The
-// caller must call Close; clients from NewClient are closed by it.
+// data, and its certificates under WithTLS, live in a new directory under
+// os.TempDir(), which Close removes. The caller must call Close; clients from
+// NewClient are closed by it. If etcd fails to start or is not ready within
+// 30 s, New returns an error and leaves nothing running and no directory
+// behind.
 func New(opts ...Option) (*Server, error) {
 	root, err := os.MkdirTemp("", "etcdtest-")
 	if err != nil {
@@ -141,13 +147,15 @@ func (s *Server) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
 	return proxiedClient(tb, &s.owned, s.Endpoints(), s.o, s.certs)
 }
 
-// Close closes the clients and proxies handed out by s, then stops etcd. Its
-// data directory is removed when the test ends. Close is safe to call more
-// than once and concurrently: every call returns once etcd has stopped.
+// Close closes the clients and proxies handed out by s, then stops etcd. For
+// a Server from New it then removes the data directory; that of a Server from
+// Start is removed by the testing package when the test ends. Close is safe
+// to call more than once and concurrently: every call returns once etcd has
+// stopped.
 func (s *Server) Close() {
 	s.once.Do(func() {
 		s.owned.closeAll()
-		s.m.stop(false, false)
+		s.m.stop(graceful, releasePorts)
 		if s.removeDir != "" {
 			os.RemoveAll(s.removeDir)
 		}
@@ -156,6 +164,7 @@ func (s *Server) Close() {
 
 // NewClient returns a new client of the server, like Client, for code that
 // has no testing.TB. Close closes it, if the caller has not done so before.
+// After Close, NewClient returns an error.
 func (s *Server) NewClient() (*clientv3.Client, error) {
 	c, err := newClient(s.Endpoints(), s.o, s.certs)
 	if err != nil {

@@ -22,8 +22,9 @@ import (
 // give to a client such as etcdctl (--cacert, --cert, --key) and the same
 // material as a ready-made *tls.Config.
 //
-// The files live in a tb.TempDir() and are removed when the test ends. The
-// certificates are valid for a day and must never leave a test.
+// The files live in a tb.TempDir() and are removed when the test ends; those
+// of a Server from New are removed by its Close. The certificates are valid
+// for a day and must never leave a test.
 type TLSFiles struct {
 	CAFile   string // PEM CA certificate that signed the server and client certificates
 	CertFile string // PEM client certificate, accepted under WithClientCertAuth

@@ -196,8 +196,10 @@ func (r *runner) acquire() (sig os.Signal, held bool, err error) {
 	return sig, held, err
 }
 
-// lock takes the lock as --wait says. When ctx ends it returns a nil error,
-// whether it holds the lock or not: the caller knows which signal ended it.
+// lock takes the lock as --wait says. ctx ends only on a signal, which
+// acquire reports; run then looks only at held, which says whether the lock
+// was taken all the same, and not at the error (nil if ctx ended the wait,
+// ctx.Err() if it ended the connect).
 func (r *runner) lock(ctx context.Context) (bool, error) {
 	cli, err := connect(ctx, r.cfg, r.name+"/")
 	if err != nil {

@@ -1,0 +1,726 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The wait queue in etcd that every primitive shares. A queue is the keys
+// under one prefix, ordered by create revision: first come, first served. A
+// primitive puts one key of its own per hold, and says which older keys
+// block it (a rule); the queue does the rest: the enqueue Txn, the reads,
+// the watches, the fenced release and the cleanup of a failed acquisition.
+
+const (
+	// replyGrace is how long the acquire Txn may still run after the call's
+	// context ends, so that its outcome is known and not left to chance (D3).
+	replyGrace = 250 * time.Millisecond
+	// abortTimeout bounds the cleanup of a call that returns without the
+	// lock. With replyGrace, LockContext returns within its deadline + 1 s.
+	abortTimeout = 500 * time.Millisecond
+	// unlockTimeout bounds the delete of a release.
+	unlockTimeout = 3 * time.Second
+	// retryTimeout bounds each background retry of a delete.
+	retryTimeout = 2 * time.Second
+	// ownWatchDelay is how long a wait goes on before it also watches our
+	// own key, to learn at once that it was deleted (D8): most waits under
+	// contention end sooner, and cost no second watch.
+	ownWatchDelay = 100 * time.Millisecond
+)
+
+// How long an acquisition waits for the holders to leave.
+const (
+	waitForever time.Duration = -1 // until held, or ctx ends
+	tryOnly     time.Duration = 0  // not at all, and write nothing if blocked
+)
+
+// A rule says which keys of a queue block a key: the only part of the
+// protocol that differs between primitives.
+//
+//   - Mutex: any older key of the lock (limit 0, blocking = the prefix);
+//   - RWMutex writer: any older reader or writer (limit 0);
+//   - RWMutex reader: any older writer (limit 0, blocking = the writers' prefix);
+//   - Semaphore: limit or more older keys (limit n).
+type rule struct {
+	// blocking is the prefix under which lies every key that can block us.
+	blocking string
+	// member reports whether a key under blocking takes part in the queue,
+	// and is not a key of a lock nested under it (D11).
+	member func(key []byte) bool
+	// limit is 0 for a lock and the number of holders for a semaphore.
+	limit int
+	// accept checks an older key's value (a semaphore's limit); nil: values
+	// are not read.
+	accept func(value []byte) error
+}
+
+// A ticket is one key of ours in a queue, from its enqueue to its release.
+type ticket struct {
+	s     *Session
+	rule  *rule
+	key   string
+	value string
+	rev   int64 // the key's create revision, the fencing token; 0 while unknown
+	dirty bool  // the key may be in etcd
+}
+
+// A place is where our key stands in its queue, as read at one revision.
+type place struct {
+	seen   int64  // the revision of the read
+	watch  string // what to watch while blocked; "" when we hold
+	prefix bool   // watch every key under watch, for deletes (a semaphore's head waiter)
+	puts   bool   // also wake on a put of watch (a semaphore waiter: its predecessor's admission)
+	next   bool   // a key is queued behind ours
+}
+
+func (p place) holds() bool { return p.watch == "" }
+
+// acquire puts our key in the queue and waits until it holds (wait < 0),
+// until wait has passed, or not at all (tryOnly: then it writes nothing when
+// blocked). On failure it has removed our key from etcd, or handed its
+// removal to a background retry that calls then when done; on success then
+// is not called. A try that finds the queue blocked returns errBusy; a wait
+// that runs out returns opCtx's error, context.DeadlineExceeded.
+func (t *ticket) acquire(ctx context.Context, wait time.Duration, then func()) error {
+	err := t.enter(ctx, wait)
+	for errors.Is(err, errKeyGone) && ctx.Err() == nil && !t.s.expired() {
+		// Our key was deleted while we waited, by hand or by a revoke that
+		// the keep-alive has not seen yet: queue again. A revoked lease
+		// fails the put with ErrLeaseNotFound.
+		err = t.enter(ctx, wait)
+	}
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		t.s.leaseGone()
+	}
+	if err != nil {
+		t.abort(ctx, then)
+	}
+	return err
+}
+
+// enter puts our key in the queue and waits for its turn.
+func (t *ticket) enter(ctx context.Context, wait time.Duration) error {
+	var p place
+	var err error
+	if wait == tryOnly {
+		p, err = t.try(ctx)
+	} else {
+		p, err = t.enqueue(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	if !p.holds() {
+		if wait == tryOnly {
+			return errBusy
+		}
+		// The place came from the acquire Txn: nobody was behind us.
+		if p, err = t.wait(ctx, p); err != nil {
+			return err
+		}
+		if p.next {
+			return t.promote(ctx)
+		}
+	}
+	return nil
+}
+
+// enqueue puts our key, if it is not there, and reads its place, in one Txn.
+func (t *ticket) enqueue(ctx context.Context) (place, error) {
+	c := t.s.client
+	// D3: if ctx ends while etcd applies the Txn, wait a little for the
+	// reply rather than guess: a known revision makes the cleanup fenced, and
+	// a cleanup sent while the Txn is still in flight could be applied first.
+	rctx, cancel := graceContext(ctx, replyGrace)
+	defer cancel()
+	t.dirty = true
+	resp, err := c.Txn(rctx).
+		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
+		Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
+		Else(clientv3.OpGet(t.key)).
+		Commit()
+	if err != nil {
+		// D3: the Txn may have been applied though the reply was lost.
+		return place{}, err
+	}
+	p, err := t.placed(resp)
+	if err != nil {
+		return p, err
+	}
+	if err := ctx.Err(); err != nil {
+		return p, err
+	}
+	if p.seen == 0 {
+		// Our key was already there (WithLease), or the keys the Txn read
+		// could not tell our place (D11): read it.
+		return t.read(ctx)
+	}
+	return p, nil
+}
+
+// try puts our key only if it would hold at once, and writes nothing
+// otherwise: the first Txn assumes the queue is empty; if it is not, its
+// reply says whether the keys there block us, and the next Txn puts our key
+// only if no key was added since that read.
+func (t *ticket) try(ctx context.Context) (place, error) {
+	rctx, cancel := graceContext(ctx, replyGrace)
+	defer cancel()
+	unchanged := clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "=", 0).WithPrefix()
+	for {
+		t.dirty = true
+		resp, err := t.s.client.Txn(rctx).
+			If(unchanged, clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
+			Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
+			Else(clientv3.OpGet(t.key, clientv3.WithKeysOnly()), t.rule.oldest()).
+			Commit()
+		if err != nil {
+			return place{}, err
+		}
+		if resp == nil || resp.Header == nil {
+			return place{}, errMalformed
+		}
+		if resp.Succeeded {
+			p, err := t.placed(resp)
+			if err == nil && p.seen == 0 {
+				p, err = t.read(ctx)
+			}
+			return p, err
+		}
+		t.dirty = false
+		if len(resp.Responses) != 2 {
+			return place{}, errMalformed
+		}
+		mine := resp.Responses[0].GetResponseRange()
+		if mine == nil {
+			return place{}, errMalformed
+		}
+		if len(mine.Kvs) > 0 {
+			// Our key is there already (WithLease): take it as it is.
+			return t.enqueue(ctx)
+		}
+		p, err := t.rule.place(resp.Responses[1].GetResponseRange(), 0, resp.Header.Revision, t.rule.limit == 0)
+		if err == nil && p.seen == 0 {
+			// A nested key came first (D11): read every key.
+			p, err = t.readAll(ctx)
+		}
+		if err != nil || !p.holds() {
+			return p, err
+		}
+		unchanged = clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "<", resp.Header.Revision+1).WithPrefix()
+	}
+}
+
+// put is the Op that puts our key with the Session's lease.
+func (t *ticket) put() clientv3.Op {
+	return clientv3.OpPut(t.key, t.value, clientv3.WithLease(t.s.Lease()))
+}
+
+// placed reads the reply of a Txn that put our key if it was absent and then
+// read the rule's newest keys, or else read our key. It sets t.rev. A place
+// with seen == 0 means the reply could not tell our place.
+func (t *ticket) placed(resp *clientv3.TxnResponse) (place, error) {
+	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 {
+		return place{}, errMalformed
+	}
+	if !resp.Succeeded {
+		// Our key was already there: left by an earlier process with this
+		// lease (WithLease). Adopt it, as concurrency.Mutex does.
+		if len(resp.Responses) != 1 {
+			return place{}, errMalformed
+		}
+		mine := resp.Responses[0].GetResponseRange()
+		if mine == nil || len(mine.Kvs) != 1 || mine.Kvs[0].CreateRevision <= 0 {
+			return place{}, errMalformed
+		}
+		t.rev = mine.Kvs[0].CreateRevision
+		return place{}, nil
+	}
+	if len(resp.Responses) != 2 {
+		return place{}, errMalformed
+	}
+	t.rev = resp.Header.Revision
+	return t.rule.placeNew(t.key, resp.Responses[1].GetResponseRange(), t.rev)
+}
+
+// read reads our place: one linearizable read, and no write, guarded by our
+// key, so that it fails with errKeyGone if our key is no longer in etcd (the
+// post-wait check of etcd #16221 / #19597).
+func (t *ticket) read(ctx context.Context) (place, error) {
+	for _, full := range []bool{false, true} {
+		ops := t.rule.older(t.rev, full)
+		if t.rule.limit > 0 {
+			ops = append(ops, clientv3.OpGet(t.rule.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+				clientv3.WithMinCreateRev(t.rev+1), clientv3.WithLimit(1)))
+		}
+		resp, err := t.s.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
+			Then(ops...).
+			Commit()
+		if err != nil {
+			return place{}, err
+		}
+		if resp == nil || resp.Header == nil {
+			return place{}, errMalformed
+		}
+		if !resp.Succeeded {
+			return place{}, errKeyGone
+		}
+		if len(resp.Responses) != len(ops) {
+			return place{}, errMalformed
+		}
+		p, err := t.rule.place(resp.Responses[0].GetResponseRange(), t.rev, resp.Header.Revision, !full && t.rule.limit == 0)
+		if err != nil {
+			return p, err
+		}
+		if t.rule.limit > 0 {
+			next := resp.Responses[1].GetResponseRange()
+			if next == nil {
+				return place{}, errMalformed
+			}
+			p.next = len(next.Kvs) > 0
+		}
+		if p.seen != 0 {
+			return p, nil
+		}
+	}
+	return place{}, errMalformed
+}
+
+// readAll reads the place a key put now would have, from every key of the
+// queue; the place's seen is the revision of the read.
+func (t *ticket) readAll(ctx context.Context) (place, error) {
+	resp, err := t.s.client.Get(ctx, t.rule.blocking, t.rule.allOptions(0)...)
+	if err != nil {
+		return place{}, err
+	}
+	if resp == nil || resp.Header == nil {
+		return place{}, errMalformed
+	}
+	return t.rule.place((*pb.RangeResponse)(resp), 0, resp.Header.Revision, false)
+}
+
+// wait waits from p until our key holds, and returns the place that says so.
+//
+// D4: it watches from now, not from the revision of the read that gave p: a
+// watch that starts behind the server's revision is "unsynced" and served
+// only every 100 ms. If etcd's revision moved between that read and the
+// watch's creation, it reads again, so that nothing in between is missed.
+//
+// D8: once the wait has lasted ownWatchDelay, it also watches our own key,
+// from its creation: a delete (a revoked lease, or by hand) ends the wait at
+// once with errKeyGone, rather than when the holder leaves.
+//
+// A watch event can be lost (etcd #17529, #18089, #19179, #20221): it reads
+// again at least once per TTL, and after any watch error, so that a lost
+// event costs at most one TTL.
+func (t *ticket) wait(ctx context.Context, p place) (place, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var own clientv3.WatchChan
+	ownTimer := time.NewTimer(ownWatchDelay)
+	defer ownTimer.Stop()
+	safety := time.NewTicker(t.s.ttl)
+	defer safety.Stop()
+
+	for !p.holds() {
+		bctx, stop := context.WithCancel(wctx)
+		wch := t.s.client.Watch(bctx, p.watch, t.watchOptions(p)...)
+		var next place
+		var err error
+		for next.seen == 0 && err == nil {
+			select {
+			case wr, ok := <-wch:
+				switch {
+				case !ok && ctx.Err() != nil:
+					err = ctx.Err()
+				case !ok:
+					err = errWatchClosed
+				case wr.Err() != nil:
+					next, err = t.read(ctx)
+					next = changed(p, next)
+				case wr.Created && wr.Header.Revision != p.seen:
+					next, err = t.read(ctx)
+					next = changed(p, next)
+				case len(wr.Events) > 0:
+					next, err = t.read(ctx)
+					next = changed(p, next)
+				}
+			case wr, ok := <-own:
+				if !ok {
+					own = nil // the safety net's reads still see our key go
+					break
+				}
+				var gone bool
+				if gone, err = t.ownGone(ctx, wr); err == nil && gone {
+					err = errKeyGone
+				}
+			case <-ownTimer.C:
+				own = t.s.client.Watch(wctx, t.key, clientv3.WithRev(t.rev+1), clientv3.WithFilterPut())
+			case <-safety.C:
+				next, err = t.read(ctx)
+				next = changed(p, next)
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		stop()
+		if err != nil {
+			return p, err
+		}
+		p = next
+	}
+	return p, nil
+}
+
+// changed returns next if it differs from p in what to watch, and otherwise
+// the zero place: nothing to do but go on waiting.
+func changed(p, next place) place {
+	if next.watch == p.watch && next.prefix == p.prefix && next.puts == p.puts {
+		return place{}
+	}
+	return next
+}
+
+// watchOptions returns the options of the watch that waits from p.
+func (t *ticket) watchOptions(p place) []clientv3.OpOption {
+	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+	if p.prefix {
+		opts = append(opts, clientv3.WithPrefix())
+	}
+	if !p.puts {
+		opts = append(opts, clientv3.WithFilterPut())
+	}
+	return opts
+}
+
+// ownGone reads a response of the watch on our own key and reports whether
+// the key was deleted.
+func (t *ticket) ownGone(ctx context.Context, wr clientv3.WatchResponse) (bool, error) {
+	if wr.CompactRevision != 0 || wr.Err() != nil {
+		// The history is gone: ask etcd whether the key still is.
+		resp, err := t.s.client.Get(ctx, t.key, clientv3.WithKeysOnly())
+		if err != nil {
+			return false, err
+		}
+		if resp == nil {
+			return false, errMalformed
+		}
+		return len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.rev, nil
+	}
+	return len(wr.Events) > 0, nil
+}
+
+// promote tells the key behind ours that we now hold, so that it learns its
+// new place (a semaphore's waiters watch their predecessor for this): it
+// puts our key again, fenced on its create revision.
+func (t *ticket) promote(ctx context.Context) error {
+	resp, err := t.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
+		Then(t.put()).
+		Commit()
+	switch {
+	case err != nil:
+		return err
+	case resp == nil:
+		return errMalformed
+	case !resp.Succeeded:
+		return errKeyGone
+	}
+	return nil
+}
+
+// abort removes our key after a failed acquisition, if it may be in etcd, on
+// a context detached from ctx and bounded; then runs when that is done. Where
+// etcd does not confirm the delete, it is retried in the background, and then
+// runs only after it succeeded or the Session ended.
+func (t *ticket) abort(ctx context.Context, then func()) {
+	if t.dirty && !t.s.expired() {
+		if _, err := t.release(ctx, abortTimeout); err != nil {
+			t.releaseLater(then)
+			return
+		}
+	}
+	if then != nil {
+		then()
+	}
+}
+
+// release deletes our key if its create revision is t.rev (where t.rev is
+// unknown, 0, whatever its revision: only this Session uses this key) on a
+// context detached from ctx and bounded by timeout. It reports whether a key
+// was deleted.
+func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	cmp := clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)
+	if t.rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(t.key), ">", 0)
+	}
+	resp, err := t.s.client.Txn(ctx).If(cmp).Then(clientv3.OpDelete(t.key)).Commit()
+	if err != nil {
+		return false, err
+	}
+	if resp == nil {
+		return false, errMalformed
+	}
+	return resp.Succeeded, nil
+}
+
+// releaseLater retries the delete of our key in the background until it
+// succeeds or the Session ends, then runs then (which may be nil).
+func (t *ticket) releaseLater(then func()) {
+	sctx := t.s.cs.Ctx()
+	ok := t.s.goBackground(func() {
+		if then != nil {
+			defer then()
+		}
+		backoff := 50 * time.Millisecond
+		for {
+			timer := time.NewTimer(backoff)
+			select {
+			case <-sctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+			if _, err := t.release(sctx, retryTimeout); err == nil || sctx.Err() != nil {
+				return
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	})
+	if !ok && then != nil {
+		then()
+	}
+}
+
+// unlock releases a hold's key: it returns nil when it was deleted,
+// ErrSessionExpired or ErrLockLost when it was already gone, and etcd's
+// error when etcd did not confirm the delete; the delete is then retried in
+// the background, and then runs after it. Otherwise then runs before unlock
+// returns.
+func (t *ticket) unlock(ctx context.Context, then func()) error {
+	if t.s.expired() {
+		if then != nil {
+			then()
+		}
+		return ErrSessionExpired
+	}
+	deleted, err := t.release(ctx, unlockTimeout)
+	if err != nil {
+		t.releaseLater(then)
+		return err
+	}
+	if then != nil {
+		then()
+	}
+	if !deleted {
+		if t.s.expired() {
+			return ErrSessionExpired
+		}
+		return ErrLockLost
+	}
+	return nil
+}
+
+// acquireError returns the error of an acquisition that did not take the
+// lock: the caller's context's first, then ErrSessionExpired, then errBusy
+// for a try or a wait (opCtx's own deadline) that ran out, else err.
+func acquireError(ctx, opCtx context.Context, s *Session, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case s.expired() || errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return ErrSessionExpired
+	case errors.Is(err, errBusy), errors.Is(opCtx.Err(), context.DeadlineExceeded):
+		return errBusy
+	}
+	return err
+}
+
+// isLockKey reports whether key is a waiter's or holder's key of the lock
+// with prefix pfx, and not a key of a lock nested under it (D11): a name
+// like "a/b" must not block "a".
+func isLockKey(pfx string, key []byte) bool {
+	rest, ok := strings.CutPrefix(string(key), pfx)
+	return ok && !strings.Contains(rest, "/")
+}
+
+// ownerCmp returns a comparison for a clientv3 Txn that is true only while
+// key exists with create revision rev; with rev 0 (nothing held), one that is
+// always false.
+func ownerCmp(key string, rev int64) clientv3.Cmp {
+	if key == "" || rev == 0 {
+		// No key has a negative create revision.
+		key, rev = "\x00etcdlock/not-held", -1
+	}
+	return clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
+}
+
+// graceContext returns a context that ends grace after ctx ends (or when
+// cancel is called), and carries ctx's values.
+func graceContext(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var timer atomic.Pointer[time.Timer]
+	stop := context.AfterFunc(ctx, func() { timer.Store(time.AfterFunc(grace, cancel)) })
+	return rctx, func() {
+		stop()
+		if t := timer.Load(); t != nil {
+			t.Stop()
+		}
+		cancel()
+	}
+}
+
+// newest returns the Ops that read, in the acquire Txn, the keys that tell
+// the place of a key just put.
+func (r *rule) newest() []clientv3.Op {
+	if r.limit > 0 {
+		return r.all(0)
+	}
+	// Our new key is the newest in etcd, so the two newest keys under the
+	// prefix are ours and, usually, our predecessor: no second read.
+	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
+}
+
+// oldest returns the Op that reads what blocks a key put now, when a try
+// finds the queue not empty: for a lock, the oldest key; for a semaphore,
+// every key.
+func (r *rule) oldest() clientv3.Op {
+	if r.limit > 0 {
+		return r.all(0)[0]
+	}
+	return clientv3.OpGet(r.blocking, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
+}
+
+// all returns the Op that reads every key under the prefix created before
+// rev (rev 0: every key), oldest first, with values only where the rule
+// reads them.
+func (r *rule) all(rev int64) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpGet(r.blocking, r.allOptions(rev)...)}
+}
+
+// allOptions returns the options of all's read.
+func (r *rule) allOptions(rev int64) []clientv3.OpOption {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
+	if r.accept == nil {
+		opts = append(opts, clientv3.WithKeysOnly())
+	}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithMaxCreateRev(rev-1))
+	}
+	return opts
+}
+
+// older returns the Op that reads what blocks the key at rev: for a lock,
+// the newest older key (all of them if full, to skip nested keys); for a
+// semaphore, every older key.
+func (r *rule) older(rev int64, full bool) []clientv3.Op {
+	if r.limit > 0 || full {
+		return r.all(rev)
+	}
+	return []clientv3.Op{clientv3.OpGet(r.blocking, append(clientv3.WithLastCreate(),
+		clientv3.WithMaxCreateRev(rev-1), clientv3.WithKeysOnly())...)}
+}
+
+// placeNew reads the place of our key, just put at rev, from the reply of
+// newest().
+func (r *rule) placeNew(key string, rr *pb.RangeResponse, rev int64) (place, error) {
+	if rr == nil {
+		return place{}, errMalformed
+	}
+	kvs := make([]*mvccpb.KeyValue, 0, len(rr.Kvs))
+	for _, kv := range rr.Kvs {
+		switch {
+		case string(kv.Key) == key:
+			if kv.CreateRevision != rev {
+				return place{}, errMalformed
+			}
+		case kv.CreateRevision >= rev:
+			return place{}, errMalformed
+		default:
+			kvs = append(kvs, kv)
+		}
+	}
+	if r.limit == 0 {
+		// The newest keys, newest first: the first older one is our
+		// predecessor, unless it is not a key of the queue.
+		if len(kvs) == 0 {
+			return place{seen: rev}, nil
+		}
+		if !r.member(kvs[0].Key) {
+			return place{}, nil
+		}
+		return place{seen: rev, watch: string(kvs[0].Key)}, nil
+	}
+	return r.count(kvs, rev)
+}
+
+// place reads the place of the key at rev (0: a key not yet put, behind
+// every key there) from a reply read at revision seen: of older() or all(),
+// or, if window, of a read of the newest or oldest key only. It returns a
+// place with seen == 0 when the reply could not tell.
+func (r *rule) place(rr *pb.RangeResponse, rev, seen int64, window bool) (place, error) {
+	if rr == nil {
+		return place{}, errMalformed
+	}
+	for _, kv := range rr.Kvs {
+		if rev > 0 && kv.CreateRevision >= rev {
+			return place{}, errMalformed
+		}
+	}
+	if r.limit > 0 {
+		return r.count(rr.Kvs, seen)
+	}
+	var newest *mvccpb.KeyValue
+	for _, kv := range rr.Kvs {
+		if r.member(kv.Key) && (newest == nil || kv.CreateRevision > newest.CreateRevision) {
+			newest = kv
+		}
+	}
+	switch {
+	case newest != nil:
+		return place{seen: seen, watch: string(newest.Key)}, nil
+	case window && len(rr.Kvs) > 0:
+		// Only a nested key (D11) in the window: read every key.
+		return place{}, nil
+	}
+	return place{seen: seen}, nil
+}
+
+// count reads a semaphore's place from every key older than ours, oldest
+// first, read at revision seen.
+func (r *rule) count(kvs []*mvccpb.KeyValue, seen int64) (place, error) {
+	var older []*mvccpb.KeyValue
+	for _, kv := range kvs {
+		if !r.member(kv.Key) {
+			continue
+		}
+		if r.accept != nil {
+			if err := r.accept(kv.Value); err != nil {
+				return place{}, err
+			}
+		}
+		older = append(older, kv)
+	}
+	switch n := len(older); {
+	case n < r.limit:
+		return place{seen: seen}, nil
+	case n == r.limit:
+		// The head waiter: any release of an older key admits us.
+		return place{seen: seen, watch: r.blocking, prefix: true}, nil
+	default:
+		// Behind the head: our predecessor's admission, or its leaving,
+		// moves us up.
+		return place{seen: seen, watch: string(older[n-1].Key), puts: true}, nil
+	}
+}
