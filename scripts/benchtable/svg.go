@@ -68,8 +68,8 @@ func (s scale) at(v float64) float64 {
 }
 
 // valueScale returns a scale for values from lo to hi: by logarithm when
-// they span more than a decade, from the 1-2-5 step at or below lo to the
-// one at or above hi; else linear from 0. It returns the values to draw a
+// they span more than a decade, from the 1-2-5 step below lo to the one
+// above hi, with room so that no point sits on an edge; else linear from 0. It returns the values to draw a
 // tick and a grid line at: the 1-2-5 steps, or only the powers of ten when
 // there are more than four decades.
 func valueScale(lo, hi, p0, p1 float64) (scale, []float64) {
@@ -82,6 +82,7 @@ func valueScale(lo, hi, p0, p1 float64) (scale, []float64) {
 		}
 		return scale{lo: 0, hi: top, p0: p0, p1: p1}, ticks
 	}
+	lo, hi = lo/1.15, hi*1.15
 	var steps []float64
 	for d := math.Floor(math.Log10(lo)); d <= math.Ceil(math.Log10(hi)); d++ {
 		for _, m := range []float64{1, 2, 5} {
@@ -307,7 +308,7 @@ func (r results) handoffSVG() string {
 	}
 	const (
 		w, rowH            = 860.0, 26.0
-		left, right, top   = 170.0, 620.0, 96.0
+		left, right, top   = 170.0, 620.0, 108.0
 		shapeR             = 5.0
 		valuesX            = right + 14
 		bandFill           = "#f4f6f8"
@@ -322,17 +323,18 @@ func (r results) handoffSVG() string {
 
 	s := newSVG(w, h)
 	s.text(16, 26, "start", "Hand-off latency with sessions waiting on one lock (p50, p90, p99, max)", titleStyle)
-	s.text(16, 46, "start", "BenchmarkWaiting, "+percentileExplains+"; each percentile: "+r.runsNote(names), smallStyle)
+	s.text(16, 44, "start", "BenchmarkWaiting: "+percentileExplains+".", smallStyle)
+	s.text(16, 59, "start", "Each percentile: "+r.runsNote(names)+".", smallStyle)
 	// Legend: the percentiles' shapes, then the libraries' colours.
 	lx := 16.0
 	for i, hu := range handoffUnits {
-		s.marker(shapes[i], lx+6, 70, shapeR, "#333", i != 1)
-		s.text(lx+16, 74, "start", hu.label, "")
+		s.marker(shapes[i], lx+6, 82, shapeR, "#333", i != 1)
+		s.text(lx+16, 86, "start", hu.label, "")
 		lx += 62
 	}
 	for _, sr := range series {
-		s.f(`<rect x="%.1f" y="64" width="12" height="12" fill="%s"/>`+"\n", lx+10, sr.color)
-		s.text(lx+28, 74, "start", sr.label, "")
+		s.f(`<rect x="%.1f" y="76" width="12" height="12" fill="%s"/>`+"\n", lx+10, sr.color)
+		s.text(lx+28, 86, "start", sr.label, "")
 		lx += 40 + 7*float64(len(sr.label))
 	}
 	for i := range rows {
