@@ -180,6 +180,17 @@ const (
 	titleStyle = `font-size="15" font-weight="bold"`
 )
 
+// waitingNames returns the names of BenchmarkWaiting's sub-benchmarks.
+func waitingNames() []string {
+	var names []string
+	for _, n := range waitingCounts {
+		for _, sr := range series {
+			names = append(names, waiting(n, sr.impl))
+		}
+	}
+	return names
+}
+
 // runsNote says over how many runs the medians are.
 func (r results) runsNote(names []string) string {
 	lo, hi := math.MaxInt, 0
@@ -207,14 +218,10 @@ func (r results) waitingSVG() string {
 		w, h                     = 800.0, 460.0
 		left, right, top, bottom = 90.0, 540.0, 86.0, 390.0
 	)
-	var names []string
+	names := waitingNames()
 	var vals []float64
-	for _, s := range series {
-		for _, n := range waitingCounts {
-			name := waiting(n, s.impl)
-			names = append(names, name)
-			vals = append(vals, r[name]["acq/s"]...)
-		}
+	for _, name := range names {
+		vals = append(vals, r[name]["acq/s"]...)
 	}
 	lo, hi := span(vals...)
 	y, yticks := valueScale(lo, hi, bottom, top)
@@ -291,12 +298,10 @@ func (r results) handoffSVG() string {
 		vs           []float64 // one per handoffUnits
 	}
 	var rows []row
-	var names []string
 	var vals []float64
 	for _, n := range waitingCounts {
 		for _, sr := range series {
 			name := waiting(n, sr.impl)
-			names = append(names, name)
 			rw := row{label: fmt.Sprintf("%d sessions, %s", n, strings.TrimPrefix(sr.impl, "/")), color: sr.color}
 			for _, hu := range handoffUnits {
 				v := r.m(name, hu.unit)
@@ -316,6 +321,7 @@ func (r results) handoffSVG() string {
 		percentileExplains = "the hand-off: from the moment a holder starts its unlock to the moment the next holder's lock returns"
 	)
 	shapes := strings.Fields(percentileMarkers)
+	names := waitingNames()
 	bottom := top + rowH*float64(len(rows))
 	h := bottom + 64
 	lo, hi := span(vals...)
