@@ -1,9 +1,10 @@
-// Package etcdlock is a distributed lock on etcd: as easy as sync.Mutex, safe
-// where etcd's concurrency.Mutex is not, and fast under contention.
+// Package etcdlock is a family of distributed locks on etcd: as easy as
+// sync.Mutex, safe where etcd's concurrency package is not, and fast under
+// contention.
 //
-// A Session holds one etcd lease and keeps it alive; any number of Mutex
-// handles share it. A Mutex is a sync.Locker, reentrant per goroutine with
-// hold counts, with TryLock for paths that must not block, TryLockFor for a
+// A Session holds one etcd lease and keeps it alive; any number of locks
+// share it. A Mutex is a sync.Locker, reentrant per goroutine with hold
+// counts, with TryLock for paths that must not block, TryLockFor for a
 // bounded wait, and context methods that leave no key behind when they fail
 // or are cancelled:
 //
@@ -17,6 +18,12 @@
 //		return err
 //	}
 //	defer m.UnlockContext(context.WithoutCancel(ctx))
+//
+// The rest of the family keeps the same guarantees: RWMutex (many readers or
+// one writer, FIFO), Semaphore (at most N holders), Mutex.Do (a scoped hold
+// whose function stops when the lock is lost), Lead (leader duty with
+// failover), Inspect (who holds and who waits), and Observer and WithLogger
+// for what happens to the locks.
 //
 // # Compatibility
 //

@@ -16,41 +16,41 @@ var closed = func() chan struct{} {
 }()
 
 // A hold is one hold of a key in etcd, from its acquisition to its release:
-// its fencing token and its loss signal, whose channel closes when the hold
-// ends or is lost.
+// the key, whose create revision is the fencing token, and the loss signal,
+// whose channel closes when the hold ends or is lost.
 type hold struct {
-	rev int64 // our key's create revision: the fencing token
+	t     *ticket   // our key
+	since time.Time // when the hold began
 
 	mu       sync.Mutex
 	done     chan struct{}
 	signaled bool
+	ended    bool               // released: its end is not a loss
 	stop     context.CancelFunc // stops the monitor goroutine; nil until lost is called
 }
 
-func newHold(rev int64) *hold {
-	return &hold{rev: rev, done: make(chan struct{})}
+// newHold begins a hold of t's key.
+func (t *ticket) newHold() *hold {
+	return &hold{t: t, since: time.Now(), done: make(chan struct{})}
 }
 
 // again returns a new hold of the same key: a local hand-off keeps the key
 // and token but gives the next goroutine a loss signal of its own.
-func (h *hold) again() *hold { return newHold(h.rev) }
+func (h *hold) again() *hold { return h.t.newHold() }
 
-// signal closes the hold's channel, once.
-func (h *hold) signal() {
+// token returns the hold's fencing token.
+func (h *hold) token() int64 { return h.t.rev }
+
+// end is called when the hold is released: it closes the channel and stops
+// the monitor. A loss the monitor finds after this is no loss.
+func (h *hold) end() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.ended = true
 	if !h.signaled {
 		h.signaled = true
 		close(h.done)
 	}
-}
-
-// end is called when the hold is released: it closes the channel and stops
-// the monitor.
-func (h *hold) end() {
-	h.signal()
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.stop != nil {
 		h.stop()
 	}
@@ -67,13 +67,14 @@ func (h *hold) end() {
 //     delayed by more than a third of the TTL; never while keep-alives are
 //     acknowledged on time (every TTL/3);
 //   - when the Session ends, and when the hold ends.
-func (h *hold) lost(s *Session, key string) <-chan struct{} {
+func (h *hold) lost() <-chan struct{} {
+	s := h.t.s
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.stop == nil && !h.signaled {
 		ctx, cancel := context.WithCancel(s.cs.Ctx())
 		h.stop = cancel
-		if !s.goBackground(func() { h.monitor(ctx, s, key) }) {
+		if !s.goBackground(func() { h.monitor(ctx) }) {
 			h.signaled = true
 			close(h.done)
 		}
@@ -83,43 +84,72 @@ func (h *hold) lost(s *Session, key string) <-chan struct{} {
 
 // monitor closes the channel when the hold is lost, and returns when it is,
 // or when ctx ends (the hold ended or the Session ended).
-func (h *hold) monitor(ctx context.Context, s *Session, key string) {
-	for from := h.rev + 1; from != 0; {
-		from = h.watchLoss(ctx, s, key, from)
+func (h *hold) monitor(ctx context.Context) {
+	var why LossReason
+	for from := h.token() + 1; from != 0; {
+		from, why = h.watchLoss(ctx, from)
 	}
-	h.signal()
+	// Closing the channel and deciding that it is a loss happen at once:
+	// an end (release) is either before both or after both.
+	h.mu.Lock()
+	ended := h.ended
+	if !h.signaled {
+		h.signaled = true
+		close(h.done)
+	}
+	h.mu.Unlock()
+	if s := h.t.s; !ended && s.events != nil {
+		if s.expired() {
+			why = LossSessionEnded
+		}
+		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.key, Token: h.token(), Reason: why})
+	}
 }
 
-// watchLoss watches our key from revision from. It returns 0 when the hold is
-// lost, keep-alives went silent or ctx ended, and the revision to watch from
-// again when the history it needed was compacted.
-func (h *hold) watchLoss(ctx context.Context, s *Session, key string, from int64) int64 {
+// watchLoss watches our key from revision from. It returns 0 and why when
+// the hold is lost, keep-alives went silent or ctx ended, and the revision
+// to watch from again when the history it needed was compacted.
+//
+// The clock of silence runs from the start: opening a watch can block while
+// etcd is unreachable (the client dials a new stream), which is when the
+// clock matters most. So the watch is opened by a goroutine of its own,
+// which watchLoss waits for before it returns.
+func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
+	s, key := h.t.s, h.t.key
 	wctx, cancel := context.WithCancel(ctx)
+	opened := make(chan clientv3.WatchChan, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() { opened <- s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()) })
+	defer wg.Wait()
 	defer cancel()
-	wch := s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut())
+
+	var wch clientv3.WatchChan
 	timer := time.NewTimer(s.untilSilent())
 	defer timer.Stop()
 	for {
 		select {
+		case wch = <-opened:
 		case wr, ok := <-wch:
 			if ok && wr.CompactRevision != 0 {
 				// Read the key instead, and watch again from now.
 				resp, err := s.client.Get(ctx, key)
-				if err != nil || resp == nil || resp.Header == nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != h.rev {
-					return 0
+				if err != nil || resp == nil || resp.Header == nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != h.token() {
+					return 0, LossKeyDeleted
 				}
-				return resp.Header.Revision + 1
+				return resp.Header.Revision + 1, ""
 			}
 			if !ok || wr.Err() != nil || len(wr.Events) > 0 {
 				// Deleted, or we can no longer tell: either way, stop.
-				return 0
+				return 0, LossKeyDeleted
 			}
 		case <-timer.C:
 			d := s.untilSilent()
 			if d <= 0 {
-				return 0
+				return 0, LossKeepAliveSilent
 			}
 			timer.Reset(d)
+		case <-ctx.Done():
+			return 0, LossSessionEnded
 		}
 	}
 }

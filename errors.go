@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -21,8 +22,9 @@ var (
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
 
 	// ErrInvalidArgument is returned, wrapped with the detail, for a nil
-	// client, nil session, nil context, nil option or a TTL that is not
-	// positive. Nothing is written to etcd.
+	// client, nil session, nil context, nil option, a TTL or lease ID that
+	// is not positive, a negative hand-off count, or a Semaphore limit
+	// below 1. Nothing is written to etcd.
 	ErrInvalidArgument = errors.New("etcdlock: invalid argument")
 
 	// ErrLockLost is returned by UnlockContext when the last hold ends but the
@@ -30,7 +32,35 @@ var (
 	// lease expired) while the Session itself is still alive: the critical
 	// section may not have been exclusive. The hold is ended all the same.
 	ErrLockLost = errors.New("etcdlock: lock lost before unlock")
+
+	// ErrWouldDeadlock is returned by RWMutex.LockContext and TryLockFor to
+	// a goroutine that holds a read lock of the same RWMutex: the write lock
+	// would wait for that read lock forever. Nothing is changed.
+	ErrWouldDeadlock = errors.New("etcdlock: write lock asked by a goroutine that holds a read lock")
+
+	// ErrNoPermit is returned by Semaphore.TryAcquire when no permit came
+	// free within the wait. No key is left behind.
+	ErrNoPermit = errors.New("etcdlock: no permit free")
+
+	// ErrLimitMismatch is returned by Semaphore.Acquire and TryAcquire when
+	// another holder or waiter of the name uses a different limit (or the
+	// name's keys are not a Semaphore's). No key is left behind.
+	ErrLimitMismatch = errors.New("etcdlock: semaphore limit mismatch")
 )
+
+// validate returns the error that makes a call on the lock name of s
+// impossible, if any.
+func validate(s *Session, name string, ctx context.Context) error {
+	switch {
+	case s == nil:
+		return fmt.Errorf("%w: nil Session", ErrInvalidArgument)
+	case ctx == nil:
+		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
+	case name == "":
+		return ErrInvalidName
+	}
+	return nil
+}
 
 // Errors that never leave the package.
 var (

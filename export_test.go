@@ -1,5 +1,7 @@
 package etcdlock
 
+import "context"
+
 // Queued returns how many goroutines of this process wait for their turn on
 // the lock name of s.
 func Queued(s *Session, name string) int {
@@ -10,4 +12,24 @@ func Queued(s *Session, name string) int {
 		return 0
 	}
 	return st.waiting()
+}
+
+// ReleaseFenced deletes m's key if its create revision is rev, as the
+// release of the hold with token rev does, and reports whether it deleted a
+// key.
+func ReleaseFenced(ctx context.Context, m *Mutex, rev int64) (bool, error) {
+	return ticketAt(m, rev).release(ctx, unlockTimeout)
+}
+
+// ReleaseLater starts the background retry of that delete, as an unlock
+// that etcd did not confirm does; then runs when the retry ends.
+func ReleaseLater(m *Mutex, rev int64, then func()) {
+	ticketAt(m, rev).releaseLater(then)
+}
+
+// ticketAt returns m's key as held with token rev.
+func ticketAt(m *Mutex, rev int64) *ticket {
+	t := m.ticket()
+	t.rev = rev
+	return t
 }

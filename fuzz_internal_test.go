@@ -55,8 +55,9 @@ func FuzzIsLockKey(f *testing.F) {
 
 // FuzzPlaced feeds the parser of the acquire Txn's reply arbitrary replies:
 // a malformed one must be an error, never a panic or a hold. A reply it
-// accepts gives our key's revision, and a key to wait for only if it is a key
-// of the lock created before ours.
+// accepts gives our key's revision, keys to wait for only if they are keys
+// of the lock created before ours, and says that the one we wait for is the
+// holder only if the reply's oldest key is that one.
 func FuzzPlaced(f *testing.F) {
 	const pfx, key = "l/", "l/a"
 	kv := func(key string, create int64) *mvccpb.KeyValue {
@@ -68,11 +69,13 @@ func FuzzPlaced(f *testing.F) {
 	putOp := &pb.ResponseOp{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{}}}
 	for _, resp := range []*pb.TxnResponse{
 		// We put our key and own the lock.
-		{Header: &pb.ResponseHeader{Revision: 10}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 10))}},
-		// We put our key behind an older one.
-		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 7))}},
+		{Header: &pb.ResponseHeader{Revision: 10}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 10)), rangeOp(kv(key, 10))}},
+		// We put our key behind an older one, the holder.
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 7)), rangeOp(kv("l/b", 7))}},
+		// We put our key behind two older ones.
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/b", 9), kv("l/c", 7)), rangeOp(kv("l/c", 7))}},
 		// We put our key; the next newest is a nested lock's key (D11).
-		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/x/b", 11))}},
+		{Header: &pb.ResponseHeader{Revision: 12}, Succeeded: true, Responses: []*pb.ResponseOp{putOp, rangeOp(kv(key, 12), kv("l/x/b", 11)), rangeOp(kv("l/x/b", 11))}},
 		// Our key was already there (WithLease).
 		{Header: &pb.ResponseHeader{Revision: 12}, Responses: []*pb.ResponseOp{rangeOp(kv(key, 9))}},
 		// A header and no results, as seen after a healed partition.
@@ -115,17 +118,29 @@ func FuzzPlaced(f *testing.F) {
 		if tk.rev != resp.Header.Revision {
 			t.Errorf("placed(%v): rev %d, want the put's revision %d", &resp, tk.rev, resp.Header.Revision)
 		}
-		if p.watch == "" {
-			return
-		}
-		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-			if string(kv.Key) == p.watch {
-				if !isLockKey(pfx, kv.Key) || kv.CreateRevision >= tk.rev {
-					t.Errorf("placed(%v): waits for %q at %d, want a key of the lock created before %d", &resp, kv.Key, kv.CreateRevision, tk.rev)
+		older := func(key string) {
+			for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+				if string(kv.Key) == key {
+					if !isLockKey(pfx, kv.Key) || kv.CreateRevision >= tk.rev {
+						t.Errorf("placed(%v): waits for %q at %d, want a key of the lock created before %d", &resp, kv.Key, kv.CreateRevision, tk.rev)
+					}
+					return
 				}
-				return
+			}
+			t.Errorf("placed(%v): waits for %q, which the reply does not have", &resp, key)
+		}
+		if p.watch != "" {
+			older(p.watch)
+		}
+		if p.also != "" {
+			older(p.also)
+		}
+		if p.owner {
+			first := resp.Responses[2].GetResponseRange().Kvs
+			complete := len(resp.Responses[1].GetResponseRange().Kvs) < 3
+			if !complete && (len(first) != 1 || string(first[0].Key) != p.watch) {
+				t.Errorf("placed(%v): %q taken for the holder, want it only if it is the oldest key", &resp, p.watch)
 			}
 		}
-		t.Errorf("placed(%v): waits for %q, which the reply does not have", &resp, p.watch)
 	})
 }

@@ -65,15 +65,10 @@ func (m *Mutex) Name() string {
 
 // check returns the error that makes a call on m impossible, if any.
 func (m *Mutex) check(ctx context.Context) error {
-	switch {
-	case m == nil || m.s == nil:
-		return fmt.Errorf("%w: nil Session", ErrInvalidArgument)
-	case ctx == nil:
-		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
-	case m.name == "":
-		return ErrInvalidName
+	if m == nil {
+		return validate(nil, "", ctx)
 	}
-	return nil
+	return validate(m.s, m.name, ctx)
 }
 
 // Lock takes the lock, blocking until it is held. It retries what can be
@@ -81,34 +76,13 @@ func (m *Mutex) check(ctx context.Context) error {
 // lives. It panics only where the lock can never be taken: an expired or
 // closed Session, the empty name, a nil Session. Use LockContext to get
 // those as errors, or to bound the wait.
-func (m *Mutex) Lock() {
-	backoff := 50 * time.Millisecond
-	for {
-		err := m.LockContext(context.Background())
-		if err == nil {
-			return
-		}
-		if errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidArgument) {
-			panic(fmt.Sprintf("etcdlock: Lock of %q: %v (use LockContext to handle this as an error)", m.Name(), err))
-		}
-		select {
-		case <-time.After(backoff):
-		case <-m.s.Done():
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
+func (m *Mutex) Lock() { lockBlocking("Lock", m.Name(), m.session(), m.LockContext) }
 
 // Unlock ends one hold of the calling goroutine. Like sync.Mutex.Unlock, it
 // panics if the goroutine holds nothing; use UnlockContext to get
 // ErrNotHeld instead. Other failures are not reported: the hold ends all the
 // same, and the key is deleted in the background or expires with the lease.
-func (m *Mutex) Unlock() {
-	err := m.UnlockContext(context.Background())
-	if errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidArgument) {
-		panic(fmt.Sprintf("etcdlock: Unlock of %q: %v (use UnlockContext to handle this as an error)", m.Name(), err))
-	}
-}
+func (m *Mutex) Unlock() { unlockOrPanic("Unlock", m.Name(), m.UnlockContext) }
 
 // TryLock takes the lock if it can without waiting for another holder, and
 // reports whether it did. It returns false at once when another goroutine or
@@ -151,45 +125,50 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	if err := m.check(ctx); err != nil {
 		return false, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := startable(ctx, m.s); err != nil {
 		return false, err
 	}
-	if m.s.expired() {
-		return false, ErrSessionExpired
-	}
-	st, how, w := m.enter(wait == tryOnly)
-	switch how {
-	case reentered:
+	st, how, w := m.enter(ctx, wait == tryOnly)
+	if how == reentered {
 		return true, nil
-	case turnBusy:
-		return false, nil
 	}
 
+	a := m.s.events.startAcquire(KindMutex, m.name)
+	if how == turnBusy {
+		a.end(nil, false, true, wait, nil)
+		return false, nil
+	}
 	opCtx, cancel := m.s.opContext(ctx, wait)
 	defer cancel()
 	if how == queued {
 		h, err := st.awaitTurn(opCtx, w)
 		if h != nil {
 			st.grant(h)
+			a.end(h.t, true, true, wait, nil)
 			return true, nil
 		}
 		if err != nil {
-			return false, m.failed(ctx, opCtx, err)
+			err = m.failed(ctx, opCtx, err)
+			a.end(nil, false, true, wait, err)
+			return false, err
 		}
 	}
-	t := m.ticket(0)
+	t := m.ticket()
 	if err := t.acquire(opCtx, wait, st.passTurn); err != nil {
-		return false, m.failed(ctx, opCtx, err)
+		err = m.failed(ctx, opCtx, err)
+		a.end(t, false, how == queued || t.contended, wait, err)
+		return false, err
 	}
-	st.grant(newHold(t.rev))
+	st.grant(t.newHold())
+	a.end(t, true, how == queued || t.contended, wait, nil)
 	return true, nil
 }
 
 // enter starts an acquisition on the live record of the lock.
-func (m *Mutex) enter(try bool) (*lockState, entry, *waiter) {
+func (m *Mutex) enter(ctx context.Context, try bool) (*lockState, entry, *waiter) {
 	for {
 		st := m.state(true)
-		if how, w, ok := st.enter(try); ok {
+		if how, w, ok := st.enter(ctx, try); ok {
 			return st, how, w
 		}
 	}
@@ -198,20 +177,15 @@ func (m *Mutex) enter(try bool) (*lockState, entry, *waiter) {
 // failed returns the error of an acquisition that did not take the lock:
 // nil where the try or the wait ran out.
 func (m *Mutex) failed(ctx, opCtx context.Context, err error) error {
-	err = acquireError(ctx, opCtx, m.s, err)
-	switch {
-	case errors.Is(err, errBusy):
+	if err = failure(ctx, opCtx, m.s, m.name, err); errors.Is(err, errBusy) {
 		return nil
-	case err == ctx.Err() || errors.Is(err, ErrSessionExpired):
-		return err
 	}
-	return errorf("lock", m.name, err)
+	return err
 }
 
-// ticket returns our key in the lock's queue, at revision rev (0: not yet
-// known).
-func (m *Mutex) ticket(rev int64) *ticket {
-	return &ticket{s: m.s, rule: &m.rule, key: m.key, value: m.s.identity, rev: rev}
+// ticket returns our key in the lock's queue, for a new acquisition.
+func (m *Mutex) ticket() *ticket {
+	return &ticket{s: m.s, lock: m.name, kind: KindMutex, rule: &m.rule, key: m.key, value: m.s.identity}
 }
 
 // UnlockContext ends one hold of the calling goroutine. It returns
@@ -231,18 +205,14 @@ func (m *Mutex) UnlockContext(ctx context.Context) error {
 	if st == nil {
 		return ErrNotHeld
 	}
-	how, h := st.leave()
+	how, h := st.leave(ctx)
 	switch how {
 	case notHolder:
 		return ErrNotHeld
 	case stillHeld, handedOn:
 		return nil
 	}
-	err := m.ticket(h.rev).unlock(ctx, st.passTurn)
-	if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrSessionExpired) {
-		return errorf("unlock", m.name, err)
-	}
-	return err
+	return h.t.unlock(ctx, h, st.passTurn)
 }
 
 // HoldCount returns the number of holds of the calling goroutine: 0 when it
@@ -270,7 +240,7 @@ func (m *Mutex) Key() string {
 // highest token it has seen can reject a stale holder's writes.
 func (m *Mutex) Token() int64 {
 	if h := m.current(); h != nil {
-		return h.rev
+		return h.token()
 	}
 	return 0
 }
@@ -306,9 +276,16 @@ func (m *Mutex) IsOwner() clientv3.Cmp {
 // one goroutine per hold, started on the first call to Done.
 func (m *Mutex) Done() <-chan struct{} {
 	if h := m.current(); h != nil {
-		return h.lost(m.s, m.key)
+		return h.lost()
 	}
 	return closed
+}
+
+func (m *Mutex) session() *Session {
+	if m == nil {
+		return nil
+	}
+	return m.s
 }
 
 // lookup returns the lock's record, nil if this process neither holds nor

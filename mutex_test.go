@@ -1,5 +1,8 @@
 package etcdlock_test
 
+// Mutex across Sessions: lock and unlock, tokens, exclusion, FIFO, tries,
+// bad input, unlock errors and IsOwner.
+
 import (
 	"context"
 	"errors"
@@ -72,131 +75,6 @@ func TestTokensIncrease(t *testing.T) {
 		if err := m.UnlockContext(ctx); err != nil {
 			t.Fatalf("UnlockContext %d: %v", i, err)
 		}
-	}
-}
-
-func TestReentrant(t *testing.T) {
-	_, client := startServer(t)
-	s := newSession(t, client)
-	name := lockName(t)
-	m1 := etcdlock.NewMutex(s, name)
-	m2 := etcdlock.NewMutex(s, name)
-	ctx := testContext(t)
-
-	if err := m1.LockContext(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rev := revision(t, client)
-	m2.Lock()
-	if !m1.TryLock() {
-		t.Fatal("TryLock by the holder = false, want true")
-	}
-	if ok, err := m2.TryLockFor(ctx, 0); !ok || err != nil {
-		t.Fatalf("TryLockFor by the holder = %v, %v, want true, nil", ok, err)
-	}
-	if got := m1.HoldCount(); got != 4 {
-		t.Errorf("HoldCount() = %d, want 4", got)
-	}
-	if got := m2.HoldCount(); got != 4 {
-		t.Errorf("HoldCount() of the other handle = %d, want 4", got)
-	}
-	if got := revision(t, client); got != rev {
-		t.Errorf("re-locks moved etcd's revision from %d to %d, want no writes", rev, got)
-	}
-
-	// Another goroutine of this process waits like a remote process would.
-	other := result(func() error { return m2.LockContext(ctx) })
-	for i := 3; i > 0; i-- {
-		m1.Unlock()
-		if got := m2.HoldCount(); got != i {
-			t.Errorf("HoldCount() = %d, want %d", got, i)
-		}
-		if !blocked(other, 50*time.Millisecond) {
-			t.Fatalf("another goroutine got the lock with %d holds left", i)
-		}
-		if keys := lockKeys(t, client, name); len(keys) != 1 {
-			t.Errorf("keys with %d holds left = %q, want our one", i, keys)
-		}
-	}
-	m2.Unlock()
-	if err := waitErr(t, other); err != nil {
-		t.Fatalf("LockContext of the waiting goroutine: %v", err)
-	}
-	if got := m1.HoldCount(); got != 0 {
-		t.Errorf("HoldCount() of a goroutine that does not hold = %d, want 0", got)
-	}
-	if m1.Token() == 0 || m1.Key() == "" {
-		t.Errorf("Token %d, Key %q while another goroutine of this process holds, want the process's hold", m1.Token(), m1.Key())
-	}
-}
-
-// TestGoroutinesOfOneProcess runs many goroutines on one Session and lock:
-// they exclude each other, and the process never has more than one key.
-func TestGoroutinesOfOneProcess(t *testing.T) {
-	_, client := startServer(t)
-	s := newSession(t, client)
-	name := lockName(t)
-	ctx := testContext(t)
-
-	var inside atomic.Int32
-	var counter int
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	for g := range 8 {
-		wg.Go(func() {
-			m := etcdlock.NewMutex(s, name) // a handle each: the same lock
-			for range 10 {
-				if err := m.LockContext(ctx); err != nil {
-					errs <- err
-					return
-				}
-				if n := inside.Add(1); n != 1 {
-					errs <- errors.New("two goroutines inside the lock")
-				}
-				if g%2 == 0 { // a nested hold
-					m.Lock()
-					if n := m.HoldCount(); n != 2 {
-						errs <- fmt.Errorf("HoldCount in a nested hold: got %d, want 2", n)
-					}
-					m.Unlock()
-				}
-				counter++
-				inside.Add(-1)
-				if err := m.UnlockContext(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	stop := make(chan struct{})
-	maxKeys := make(chan int, 1)
-	go func() {
-		most := 0
-		for {
-			select {
-			case <-stop:
-				maxKeys <- most
-				return
-			default:
-			}
-			resp, err := client.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-			if err == nil {
-				most = max(most, int(resp.Count))
-			}
-		}
-	}()
-	wg.Wait()
-	close(stop)
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if counter != 80 {
-		t.Errorf("counter = %d, want 80", counter)
-	}
-	if most := <-maxKeys; most > 1 {
-		t.Errorf("the process had %d keys at once, want at most 1", most)
 	}
 }
 
@@ -288,6 +166,45 @@ func TestFIFOAcrossSessions(t *testing.T) {
 	}
 }
 
+// A waiter whose predecessor's delete never arrives (a watch event lost by
+// etcd) still gets the lock, within a TTL of the delete: it reads its place
+// again at least once per TTL.
+func TestLostWatchEvent(t *testing.T) {
+	srv, client := startServer(t)
+	var d eventDropper
+	rec := &watchRecorder{rev: func() int64 { return 0 }}
+	wc := interceptedClient(t, srv.Endpoints(), nil, chainStreams(rec.intercept, d.intercept))
+	const ttl = 2 * time.Second
+	name := lockName(t)
+
+	h := etcdlock.NewMutex(newSession(t, client), name)
+	if err := h.LockContext(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	s := newSession(t, wc, etcdlock.WithTTL(ttl))
+	m := etcdlock.NewMutex(s, name)
+	w := lockInGoroutine(t, testContext(t), ours{m})
+	eventually(t, "the waiter's watch on the holder's key", func() bool { return rec.watching(h.Key()) })
+	d.arm(h.Key())
+	released := time.Now()
+	if err := h.UnlockContext(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	// The promise is one TTL; allow twice TTL + 1 s on a loaded machine.
+	select {
+	case err := <-w.locked:
+		if err != nil {
+			t.Fatalf("waiter: got %v, want the lock", err)
+		}
+		t.Logf("waiter got the lock %v after the lost delete (TTL %v)", time.Since(released), ttl)
+	case <-time.After(2 * (ttl + time.Second)):
+		t.Fatalf("waiter still waiting %v after its predecessor's delete was lost, want the lock within TTL (%v)", 2*(ttl+time.Second), ttl)
+	}
+	if n := d.count(); n != 1 {
+		t.Errorf("delete events swallowed: got %d, want 1 (the test did not lose the event)", n)
+	}
+}
+
 func TestTryLock(t *testing.T) {
 	_, client := startServer(t)
 	name := lockName(t)
@@ -327,70 +244,215 @@ func TestTryLock(t *testing.T) {
 	}
 }
 
-// TestTryLockLocalHolder: a goroutine of the same process holding the lock
-// makes TryLock fail without a round trip.
-func TestTryLockLocalHolder(t *testing.T) {
+// TestBadInput: every bad input gets a clear error from the context methods,
+// false from TryLock, a panic naming the context method from Lock and Unlock,
+// and writes nothing to etcd.
+func TestBadInput(t *testing.T) {
 	_, client := startServer(t)
-	s := newSession(t, client)
-	m := etcdlock.NewMutex(s, lockName(t))
-	m.Lock()
-	defer m.Unlock()
-	got := make(chan bool)
-	go func() { got <- m.TryLock() }()
-	if <-got {
-		t.Fatal("TryLock by another goroutine while held = true, want false")
+	good := newSession(t, client)
+	closed, err := etcdlock.NewSession(client)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		ok, _ := m.TryLockFor(testContext(t), 20*time.Millisecond)
-		got <- ok
-	}()
-	if <-got {
-		t.Fatal("TryLockFor by another goroutine while held = true, want false")
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expired, err := etcdlock.NewSession(client, etcdlock.WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = expired.Close() })
+	if _, err := client.Revoke(testContext(t), expired.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(expired.Done(), testTimeout); !ok {
+		t.Fatal("Done() of a Session whose lease was revoked: still open")
+	}
+
+	for _, tc := range []struct {
+		name      string
+		m         *etcdlock.Mutex
+		ctx       context.Context
+		want      error
+		lockPanic string // what the Lock panic names; "" for no Lock call
+	}{
+		{"nil session", etcdlock.NewMutex(nil, "x"), context.Background(), etcdlock.ErrInvalidArgument, "LockContext"},
+		{"nil Mutex", nil, context.Background(), etcdlock.ErrInvalidArgument, "LockContext"},
+		{"empty name", etcdlock.NewMutex(good, ""), context.Background(), etcdlock.ErrInvalidName, "LockContext"},
+		{"nil context", etcdlock.NewMutex(good, "x"), nil, etcdlock.ErrInvalidArgument, ""},
+		{"closed session", etcdlock.NewMutex(closed, "x"), context.Background(), etcdlock.ErrSessionExpired, "LockContext"},
+		{"expired session", etcdlock.NewMutex(expired, "x"), context.Background(), etcdlock.ErrSessionExpired, "LockContext"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := revision(t, client)
+			if err := tc.m.LockContext(tc.ctx); !errors.Is(err, tc.want) {
+				t.Errorf("LockContext = %v, want %v", err, tc.want)
+			}
+			if ok, err := tc.m.TryLockFor(tc.ctx, time.Second); ok || !errors.Is(err, tc.want) {
+				t.Errorf("TryLockFor = %v, %v, want false, %v", ok, err, tc.want)
+			}
+			if tc.ctx != nil && tc.m.TryLock() {
+				t.Error("TryLock = true, want false")
+			}
+			if err := tc.m.UnlockContext(tc.ctx); err == nil {
+				t.Error("UnlockContext = nil, want an error")
+			}
+			if tc.m.HoldCount() != 0 || tc.m.Key() != "" || tc.m.Token() != 0 {
+				t.Errorf("HoldCount %d, Key %q, Token %d, want 0, \"\", 0", tc.m.HoldCount(), tc.m.Key(), tc.m.Token())
+			}
+			select {
+			case <-tc.m.Done():
+			default:
+				t.Error("Done() is open while nothing is held")
+			}
+			if tc.lockPanic != "" {
+				assertPanics(t, "Lock", tc.lockPanic, tc.m.Lock)
+				assertPanics(t, "Unlock", "UnlockContext", tc.m.Unlock)
+			}
+			// The comparison of a Mutex that holds nothing is always false.
+			resp, err := client.Txn(testContext(t)).If(tc.m.IsOwner()).Commit()
+			if err != nil || resp.Succeeded {
+				t.Errorf("Txn(If(IsOwner())) = %v, %v, want not succeeded", resp, err)
+			}
+			if after := revision(t, client); after != before {
+				t.Errorf("revision moved from %d to %d, want nothing written", before, after)
+			}
+		})
 	}
 }
 
-func TestLockContextCancelledWhileWaiting(t *testing.T) {
+func TestUnlockNotHeld(t *testing.T) {
 	_, client := startServer(t)
-	name := lockName(t)
+	s := newSession(t, client)
+	m := etcdlock.NewMutex(s, lockName(t))
 	ctx := testContext(t)
-	holder := etcdlock.NewMutex(newSession(t, client), name)
-	holder.Lock()
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrNotHeld) {
+		t.Errorf("UnlockContext of a free lock = %v, want ErrNotHeld", err)
+	}
+	assertPanics(t, "Unlock of a free lock", "UnlockContext", m.Unlock)
 
-	waiterSession := newSession(t, client)
-	waiter := etcdlock.NewMutex(waiterSession, name)
-	wctx, cancel := context.WithCancel(ctx)
-	ch := result(func() error { return waiter.LockContext(wctx) })
-	eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
-	cancel()
-	if err := waitErr(t, ch); !errors.Is(err, context.Canceled) {
-		t.Fatalf("LockContext = %v, want context.Canceled", err)
+	m.Lock()
+	other := result(func() error { return m.UnlockContext(ctx) })
+	if err := waitErr(t, other); !errors.Is(err, etcdlock.ErrNotHeld) {
+		t.Errorf("UnlockContext by a goroutine that holds nothing = %v, want ErrNotHeld", err)
 	}
-	if keys := lockKeys(t, client, name); len(keys) != 1 {
-		t.Errorf("keys after the cancelled wait = %q, want only the holder's", keys)
+	if got := m.HoldCount(); got != 1 {
+		t.Errorf("HoldCount() after the other goroutine's unlock = %d, want 1 (unchanged)", got)
 	}
+	if len(lockKeys(t, client, lockName(t))) != 1 {
+		t.Error("the holder's key is gone after another goroutine's failed unlock")
+	}
+	m.Unlock()
+}
 
-	// A local waiter, queued behind a goroutine of its own process, too.
-	local := etcdlock.NewMutex(waiterSession, name)
-	release := make(chan struct{})
-	go1 := result(func() error {
-		if err := local.LockContext(ctx); err != nil {
-			return err
-		}
-		<-release
-		return local.UnlockContext(ctx)
-	})
-	eventually(t, "the first waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
-	dctx, dcancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer dcancel()
-	if err := local.LockContext(dctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("LockContext queued locally = %v, want context.DeadlineExceeded", err)
-	}
-	holder.Unlock()
-	close(release)
-	if err := waitErr(t, go1); err != nil {
+// TestUnlockLost: the key deleted under the holder; UnlockContext ends the
+// hold and reports the loss.
+func TestUnlockLost(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	m := etcdlock.NewMutex(s, lockName(t))
+	ctx := testContext(t)
+	m.Lock()
+	if _, err := client.Delete(ctx, m.Key()); err != nil {
 		t.Fatal(err)
 	}
-	if keys := lockKeys(t, client, name); len(keys) != 0 {
-		t.Errorf("keys at the end = %q, want none", keys)
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Errorf("UnlockContext after the key was deleted = %v, want ErrLockLost", err)
+	}
+	// The Session goes on: the lock can be taken again.
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext after a lost hold: %v", err)
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIsOwner: a Txn guarded by IsOwner succeeds while held and fails once
+// the hold ended, even after the process locks again.
+func TestIsOwner(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	m := etcdlock.NewMutex(s, lockName(t))
+	ctx := testContext(t)
+	m.Lock()
+	guard := m.IsOwner()
+	put := func(cmp clientv3.Cmp) bool {
+		resp, err := client.Txn(ctx).If(cmp).Then(clientv3.OpPut("guarded", "x")).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Succeeded
+	}
+	if !put(guard) {
+		t.Fatal("guarded Txn while held failed, want it to succeed")
+	}
+	m.Unlock()
+	if put(guard) {
+		t.Error("guarded Txn after unlock succeeded, want it to fail")
+	}
+	m.Lock()
+	defer m.Unlock()
+	if put(guard) {
+		t.Error("Txn guarded by an earlier hold succeeded in a later hold, want it to fail")
+	}
+	if !put(m.IsOwner()) {
+		t.Error("Txn guarded by the current hold failed")
+	}
+}
+
+// TestWaiterKeyDeletedWithHolder: the only waiter takes the holder's delete
+// as the hold, with no read, but not when its own key went first or in the
+// same Txn: then it queues again with a new key, and its token is that
+// key's.
+func TestWaiterKeyDeletedWithHolder(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	for _, sameTxn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("same Txn %v", sameTxn), func(t *testing.T) {
+			name := lockName(t)
+			holder := etcdlock.NewMutex(newSession(t, client), name)
+			if err := holder.LockContext(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s := newSession(t, client)
+			w := lockInGoroutine(t, ctx, oursOn(s, name))
+			ours := keyOf(name, s.Lease())
+			eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == 2 })
+			time.Sleep(ownWait)
+			var deleted int64
+			if sameTxn {
+				resp, err := client.Txn(ctx).Then(clientv3.OpDelete(ours), clientv3.OpDelete(holder.Key())).Commit()
+				if err != nil {
+					t.Fatal(err)
+				}
+				deleted = resp.Header.Revision
+			} else {
+				resp, err := client.Delete(ctx, ours)
+				if err != nil {
+					t.Fatal(err)
+				}
+				deleted = resp.Header.Revision
+				if _, err := client.Delete(ctx, holder.Key()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := waitErr(t, w.locked); err != nil {
+				t.Fatalf("waiter: %v", err)
+			}
+			got := etcdlock.NewMutex(s, name).Token()
+			if got <= deleted {
+				t.Errorf("waiter's token: got %d, want a key put after its own was deleted at %d", got, deleted)
+			}
+			if keys := lockKeys(t, client, name); len(keys) != 1 || keys[0] != ours {
+				t.Errorf("keys: got %q, want the waiter's new key", keys)
+			}
+			if err := w.Release(); err != nil {
+				t.Fatal(err)
+			}
+			if err := holder.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+				t.Errorf("holder's unlock: got %v, want ErrLockLost", err)
+			}
+		})
 	}
 }

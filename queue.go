@@ -3,6 +3,8 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -64,12 +66,15 @@ type rule struct {
 
 // A ticket is one key of ours in a queue, from its enqueue to its release.
 type ticket struct {
-	s     *Session
-	rule  *rule
-	key   string
-	value string
-	rev   int64 // the key's create revision, the fencing token; 0 while unknown
-	dirty bool  // the key may be in etcd
+	s         *Session
+	lock      string // the lock's name, and its kind (KindMutex...), for observers
+	kind      string
+	rule      *rule
+	key       string
+	value     string
+	rev       int64 // the key's create revision, the fencing token; 0 while unknown
+	dirty     bool  // the key may be in etcd
+	contended bool  // the acquisition waited for another holder
 }
 
 // A place is where our key stands in its queue, as read at one revision.
@@ -79,6 +84,11 @@ type place struct {
 	prefix bool   // watch every key under watch, for deletes (a semaphore's head waiter)
 	puts   bool   // also wake on a put of watch (a semaphore waiter: its predecessor's admission)
 	next   bool   // a key is queued behind ours
+	// A lock's waiter: owner means watch is the oldest key that blocks us,
+	// so that its delete makes us the holder with no read; else also, if
+	// set, is the key before watch, whose delete may make watch the oldest.
+	owner bool
+	also  string
 }
 
 func (p place) holds() bool { return p.watch == "" }
@@ -119,6 +129,7 @@ func (t *ticket) enter(ctx context.Context, wait time.Duration) error {
 		return err
 	}
 	if !p.holds() {
+		t.contended = true
 		if wait == tryOnly {
 			return errBusy
 		}
@@ -134,6 +145,8 @@ func (t *ticket) enter(ctx context.Context, wait time.Duration) error {
 }
 
 // enqueue puts our key, if it is not there, and reads its place, in one Txn.
+// When nothing is under the blocking prefix, it only puts: we hold, and
+// there is nothing to read.
 func (t *ticket) enqueue(ctx context.Context) (place, error) {
 	c := t.s.client
 	// D3: if ctx ends while etcd applies the Txn, wait a little for the
@@ -143,15 +156,18 @@ func (t *ticket) enqueue(ctx context.Context) (place, error) {
 	defer cancel()
 	t.dirty = true
 	resp, err := c.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
-		Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
-		Else(clientv3.OpGet(t.key)).
+		If(clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "=", 0).WithPrefix()).
+		Then(t.put()).
+		Else(clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)},
+			append([]clientv3.Op{t.put()}, t.rule.newest()...),
+			[]clientv3.Op{clientv3.OpGet(t.key)})).
 		Commit()
 	if err != nil {
 		// D3: the Txn may have been applied though the reply was lost.
 		return place{}, err
 	}
-	p, err := t.placed(resp)
+	p, err := t.entered(resp)
 	if err != nil {
 		return p, err
 	}
@@ -206,7 +222,7 @@ func (t *ticket) try(ctx context.Context) (place, error) {
 			// Our key is there already (WithLease): take it as it is.
 			return t.enqueue(ctx)
 		}
-		p, err := t.rule.place(resp.Responses[1].GetResponseRange(), 0, resp.Header.Revision, t.rule.limit == 0)
+		p, err := t.rule.placeFirst(resp.Responses[1].GetResponseRange(), resp.Header.Revision)
 		if err == nil && p.seen == 0 {
 			// A nested key came first (D11): read every key.
 			p, err = t.readAll(ctx)
@@ -221,6 +237,26 @@ func (t *ticket) try(ctx context.Context) (place, error) {
 // put is the Op that puts our key with the Session's lease.
 func (t *ticket) put() clientv3.Op {
 	return clientv3.OpPut(t.key, t.value, clientv3.WithLease(t.s.Lease()))
+}
+
+// entered reads the reply of enqueue's Txn: the put alone, into an empty
+// queue, or the reply of the Txn nested in its else-branch (see placed).
+func (t *ticket) entered(resp *clientv3.TxnResponse) (place, error) {
+	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 || len(resp.Responses) != 1 {
+		return place{}, errMalformed
+	}
+	if resp.Succeeded {
+		if resp.Responses[0].GetResponsePut() == nil {
+			return place{}, errMalformed
+		}
+		t.rev = resp.Header.Revision
+		return place{seen: t.rev}, nil
+	}
+	inner := resp.Responses[0].GetResponseTxn()
+	if inner == nil {
+		return place{}, errMalformed
+	}
+	return t.placed(&clientv3.TxnResponse{Header: resp.Header, Succeeded: inner.Succeeded, Responses: inner.Responses})
 }
 
 // placed reads the reply of a Txn that put our key if it was absent and then
@@ -243,11 +279,11 @@ func (t *ticket) placed(resp *clientv3.TxnResponse) (place, error) {
 		t.rev = mine.Kvs[0].CreateRevision
 		return place{}, nil
 	}
-	if len(resp.Responses) != 2 {
+	if len(resp.Responses) != 1+len(t.rule.newest()) {
 		return place{}, errMalformed
 	}
 	t.rev = resp.Header.Revision
-	return t.rule.placeNew(t.key, resp.Responses[1].GetResponseRange(), t.rev)
+	return t.rule.placeNew(t.key, resp.Responses[1:], t.rev)
 }
 
 // read reads our place: one linearizable read, and no write, guarded by our
@@ -256,10 +292,6 @@ func (t *ticket) placed(resp *clientv3.TxnResponse) (place, error) {
 func (t *ticket) read(ctx context.Context) (place, error) {
 	for _, full := range []bool{false, true} {
 		ops := t.rule.older(t.rev, full)
-		if t.rule.limit > 0 {
-			ops = append(ops, clientv3.OpGet(t.rule.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-				clientv3.WithMinCreateRev(t.rev+1), clientv3.WithLimit(1)))
-		}
 		resp, err := t.s.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
 			Then(ops...).
@@ -276,19 +308,9 @@ func (t *ticket) read(ctx context.Context) (place, error) {
 		if len(resp.Responses) != len(ops) {
 			return place{}, errMalformed
 		}
-		p, err := t.rule.place(resp.Responses[0].GetResponseRange(), t.rev, resp.Header.Revision, !full && t.rule.limit == 0)
-		if err != nil {
+		p, err := t.rule.placeOlder(resp.Responses, t.rev, resp.Header.Revision, full)
+		if err != nil || p.seen != 0 {
 			return p, err
-		}
-		if t.rule.limit > 0 {
-			next := resp.Responses[1].GetResponseRange()
-			if next == nil {
-				return place{}, errMalformed
-			}
-			p.next = len(next.Kvs) > 0
-		}
-		if p.seen != 0 {
-			return p, nil
 		}
 	}
 	return place{}, errMalformed
@@ -304,7 +326,7 @@ func (t *ticket) readAll(ctx context.Context) (place, error) {
 	if resp == nil || resp.Header == nil {
 		return place{}, errMalformed
 	}
-	return t.rule.place((*pb.RangeResponse)(resp), 0, resp.Header.Revision, false)
+	return t.rule.placeAll((*pb.RangeResponse)(resp), resp.Header.Revision)
 }
 
 // wait waits from p until our key holds, and returns the place that says so.
@@ -332,27 +354,15 @@ func (t *ticket) wait(ctx context.Context, p place) (place, error) {
 
 	for !p.holds() {
 		bctx, stop := context.WithCancel(wctx)
-		wch := t.s.client.Watch(bctx, p.watch, t.watchOptions(p)...)
+		first, second := t.watch(bctx, p)
 		var next place
 		var err error
 		for next.seen == 0 && err == nil {
 			select {
-			case wr, ok := <-wch:
-				switch {
-				case !ok && ctx.Err() != nil:
-					err = ctx.Err()
-				case !ok:
-					err = errWatchClosed
-				case wr.Err() != nil:
-					next, err = t.read(ctx)
-					next = changed(p, next)
-				case wr.Created && wr.Header.Revision != p.seen:
-					next, err = t.read(ctx)
-					next = changed(p, next)
-				case len(wr.Events) > 0:
-					next, err = t.read(ctx)
-					next = changed(p, next)
-				}
+			case wr, ok := <-first:
+				next, err = t.woken(ctx, p, wr, ok)
+			case wr, ok := <-second:
+				next, err = t.woken(ctx, p, wr, ok)
 			case wr, ok := <-own:
 				if !ok {
 					own = nil // the safety net's reads still see our key go
@@ -380,17 +390,16 @@ func (t *ticket) wait(ctx context.Context, p place) (place, error) {
 	return p, nil
 }
 
-// changed returns next if it differs from p in what to watch, and otherwise
-// the zero place: nothing to do but go on waiting.
-func changed(p, next place) place {
-	if next.watch == p.watch && next.prefix == p.prefix && next.puts == p.puts {
-		return place{}
+// watch opens the watches of a wait from p: the key to watch, and the key
+// before it (also), if any; or, when the key to watch is the oldest that
+// blocks us and sits beside ours, one watch of the range from it to our key,
+// whose events come in revision order: our key's delete, if any, before
+// the holder's.
+func (t *ticket) watch(ctx context.Context, p place) (first, second clientv3.WatchChan) {
+	if t.ownerRange(p) {
+		lo, hi := min(p.watch, t.key), max(p.watch, t.key)
+		return t.s.client.Watch(ctx, lo, clientv3.WithRange(hi+"\x00"), clientv3.WithFilterPut(), clientv3.WithCreatedNotify()), nil
 	}
-	return next
-}
-
-// watchOptions returns the options of the watch that waits from p.
-func (t *ticket) watchOptions(p place) []clientv3.OpOption {
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
 	if p.prefix {
 		opts = append(opts, clientv3.WithPrefix())
@@ -398,7 +407,67 @@ func (t *ticket) watchOptions(p place) []clientv3.OpOption {
 	if !p.puts {
 		opts = append(opts, clientv3.WithFilterPut())
 	}
-	return opts
+	first = t.s.client.Watch(ctx, p.watch, opts...)
+	if p.also != "" && parent(p.watch) == parent(t.key) {
+		// Only then can the key before ours become the holder whose
+		// delete we take with no read (ownerRange).
+		second = t.s.client.Watch(ctx, p.also, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	}
+	return first, second
+}
+
+// ownerRange reports whether a wait from p watches the range from the
+// holder's key to ours: the holder is the only key that blocks us, and
+// both keys are of one kind (a range from a reader's key to a writer's
+// would span every reader's).
+func (t *ticket) ownerRange(p place) bool {
+	return p.owner && t.rule.limit == 0 && parent(p.watch) == parent(t.key)
+}
+
+func parent(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
+
+// woken reads a response of a watch of the wait from p, and returns the
+// next place, or the zero place to go on waiting.
+//
+// D4: if the watch was created at a revision other than the one p was read
+// at, something may have changed in between: read again. Any other event
+// means read again, but for the holder's delete in the owner range: keys
+// older than ours only ever go, so once the only one goes, we hold, with no
+// read, and the range's order has shown that our key was still there.
+func (t *ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, ok bool) (place, error) {
+	switch {
+	case !ok && ctx.Err() != nil:
+		return place{}, ctx.Err()
+	case !ok:
+		return place{}, errWatchClosed
+	case wr.Err() != nil, wr.Created && wr.Header.Revision != p.seen:
+	case len(wr.Events) == 0:
+		return place{}, nil
+	case t.ownerRange(p):
+		// Our key's delete first, even in the holder's own Txn.
+		if slices.ContainsFunc(wr.Events, func(ev *clientv3.Event) bool { return string(ev.Kv.Key) == t.key }) {
+			return place{}, errKeyGone
+		}
+		for _, ev := range wr.Events {
+			if string(ev.Kv.Key) == p.watch {
+				return place{seen: ev.Kv.ModRevision}, nil
+			}
+		}
+		return place{}, nil
+	}
+	next, err := t.read(ctx)
+	return changed(p, next), err
+}
+
+// changed returns next if it differs from p in what to watch, and otherwise
+// the zero place: nothing to do but go on waiting.
+func changed(p, next place) place {
+	same := next
+	same.seen, same.next = p.seen, p.next
+	if same == p {
+		return place{}
+	}
+	return next
 }
 
 // ownGone reads a response of the watch on our own key and reports whether
@@ -502,22 +571,25 @@ func (t *ticket) releaseLater(then func()) {
 	}
 }
 
-// unlock releases a hold's key: it returns nil when it was deleted,
-// ErrSessionExpired or ErrLockLost when it was already gone, and etcd's
-// error when etcd did not confirm the delete; the delete is then retried in
-// the background, and then runs after it. Otherwise then runs before unlock
-// returns.
-func (t *ticket) unlock(ctx context.Context, then func()) error {
+// unlock releases the key of hold h (ended already): it returns nil when it
+// was deleted, ErrSessionExpired or ErrLockLost when it was already gone, and
+// etcd's error, wrapped, when etcd did not confirm the delete; the delete is
+// then retried in the background, and then runs after it. Otherwise then
+// runs before unlock returns.
+func (t *ticket) unlock(ctx context.Context, h *hold, then func()) error {
+	h.reportEnd()
 	if t.s.expired() {
+		t.released(false, nil)
 		if then != nil {
 			then()
 		}
 		return ErrSessionExpired
 	}
 	deleted, err := t.release(ctx, unlockTimeout)
+	t.released(deleted, err)
 	if err != nil {
 		t.releaseLater(then)
-		return err
+		return errorf("unlock", t.lock, err)
 	}
 	if then != nil {
 		then()
@@ -531,10 +603,24 @@ func (t *ticket) unlock(ctx context.Context, then func()) error {
 	return nil
 }
 
-// acquireError returns the error of an acquisition that did not take the
-// lock: the caller's context's first, then ErrSessionExpired, then errBusy
-// for a try or a wait (opCtx's own deadline) that ran out, else err.
-func acquireError(ctx, opCtx context.Context, s *Session, err error) error {
+// startable returns the error that ends an acquisition before it starts:
+// ctx's, or ErrSessionExpired.
+func startable(ctx context.Context, s *Session) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if s.expired() {
+		return ErrSessionExpired
+	}
+	return nil
+}
+
+// failure returns the error of an acquisition of the lock name that did not
+// take the lock: errBusy where a try or the wait (opCtx's own deadline) ran
+// out, which each primitive reports its own way; else the caller's context's
+// error; else ErrSessionExpired; else err, wrapped with the lock's name
+// unless it is ErrLimitMismatch.
+func failure(ctx, opCtx context.Context, s *Session, name string, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
@@ -542,8 +628,10 @@ func acquireError(ctx, opCtx context.Context, s *Session, err error) error {
 		return ErrSessionExpired
 	case errors.Is(err, errBusy), errors.Is(opCtx.Err(), context.DeadlineExceeded):
 		return errBusy
+	case errors.Is(err, ErrLimitMismatch):
+		return err
 	}
-	return err
+	return errorf("lock", name, err)
 }
 
 // isLockKey reports whether key is a waiter's or holder's key of the lock
@@ -586,10 +674,14 @@ func (r *rule) newest() []clientv3.Op {
 	if r.limit > 0 {
 		return r.all(0)
 	}
-	// Our new key is the newest in etcd, so the two newest keys under the
-	// prefix are ours and, usually, our predecessor: no second read.
-	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
+	// Our new key is the newest in etcd, so the three newest keys under the
+	// prefix are ours and, usually, the two before it; and the oldest tells
+	// whether the one before ours is the holder.
+	return []clientv3.Op{
+		clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(3),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
+		clientv3.OpGet(r.blocking, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
+	}
 }
 
 // oldest returns the Op that reads what blocks a key put now, when a try
@@ -621,23 +713,34 @@ func (r *rule) allOptions(rev int64) []clientv3.OpOption {
 	return opts
 }
 
-// older returns the Op that reads what blocks the key at rev: for a lock,
-// the newest older key (all of them if full, to skip nested keys); for a
-// semaphore, every older key.
+// older returns the Ops that read what blocks the key at rev: for a lock,
+// the two newest older keys and the oldest key (or, if full, every older
+// key, to skip nested keys); for a semaphore, every older key, and the key
+// behind ours, if any.
 func (r *rule) older(rev int64, full bool) []clientv3.Op {
-	if r.limit > 0 || full {
+	switch {
+	case r.limit > 0:
+		return append(r.all(rev), clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithMinCreateRev(rev+1), clientv3.WithLimit(1)))
+	case full:
 		return r.all(rev)
 	}
-	return []clientv3.Op{clientv3.OpGet(r.blocking, append(clientv3.WithLastCreate(),
-		clientv3.WithMaxCreateRev(rev-1), clientv3.WithKeysOnly())...)}
+	return []clientv3.Op{
+		clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
+			clientv3.WithMaxCreateRev(rev-1), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
+		clientv3.OpGet(r.blocking, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
+	}
 }
 
-// placeNew reads the place of our key, just put at rev, from the reply of
-// newest().
-func (r *rule) placeNew(key string, rr *pb.RangeResponse, rev int64) (place, error) {
-	if rr == nil {
-		return place{}, errMalformed
+// placeNew reads the place of our key, just put at rev, from the replies of
+// newest(). A place with seen == 0 means they could not tell.
+func (r *rule) placeNew(key string, replies []*pb.ResponseOp, rev int64) (place, error) {
+	for _, reply := range replies {
+		if reply.GetResponseRange() == nil {
+			return place{}, errMalformed
+		}
 	}
+	rr := replies[0].GetResponseRange()
 	kvs := make([]*mvccpb.KeyValue, 0, len(rr.Kvs))
 	for _, kv := range rr.Kvs {
 		switch {
@@ -651,50 +754,97 @@ func (r *rule) placeNew(key string, rr *pb.RangeResponse, rev int64) (place, err
 			kvs = append(kvs, kv)
 		}
 	}
-	if r.limit == 0 {
-		// The newest keys, newest first: the first older one is our
-		// predecessor, unless it is not a key of the queue.
-		if len(kvs) == 0 {
-			return place{seen: rev}, nil
-		}
-		if !r.member(kvs[0].Key) {
-			return place{}, nil
-		}
-		return place{seen: rev, watch: string(kvs[0].Key)}, nil
+	if r.limit > 0 {
+		return r.count(kvs, rev)
 	}
-	return r.count(kvs, rev)
+	return r.lockPlace(kvs, len(rr.Kvs) < 3, replies[1].GetResponseRange().Kvs, rev), nil
 }
 
-// place reads the place of the key at rev (0: a key not yet put, behind
-// every key there) from a reply read at revision seen: of older() or all(),
-// or, if window, of a read of the newest or oldest key only. It returns a
-// place with seen == 0 when the reply could not tell.
-func (r *rule) place(rr *pb.RangeResponse, rev, seen int64, window bool) (place, error) {
-	if rr == nil {
-		return place{}, errMalformed
-	}
-	for _, kv := range rr.Kvs {
-		if rev > 0 && kv.CreateRevision >= rev {
+// placeOlder reads the place of the key at rev from the replies of
+// older(rev, full), read at revision seen. A place with seen == 0 means
+// they could not tell.
+func (r *rule) placeOlder(replies []*pb.ResponseOp, rev, seen int64, full bool) (place, error) {
+	for _, reply := range replies {
+		if reply.GetResponseRange() == nil {
 			return place{}, errMalformed
 		}
+	}
+	older := replies[0].GetResponseRange().Kvs
+	for _, kv := range older {
+		if kv.CreateRevision >= rev {
+			return place{}, errMalformed
+		}
+	}
+	switch {
+	case r.limit > 0 && len(replies) > 1:
+		p, err := r.count(older, seen)
+		p.next = len(replies[1].GetResponseRange().Kvs) > 0
+		return p, err
+	case r.limit > 0:
+		return r.count(older, seen)
+	case full:
+		// Every older key, oldest first.
+		newestFirst := slices.Clone(older)
+		slices.Reverse(newestFirst)
+		return r.lockPlace(newestFirst, true, nil, seen), nil
+	}
+	return r.lockPlace(older, len(older) < 2, replies[1].GetResponseRange().Kvs, seen), nil
+}
+
+// placeFirst reads what blocks a key put now from the reply of oldest(),
+// read at revision seen. A place with seen == 0 means it could not tell.
+func (r *rule) placeFirst(rr *pb.RangeResponse, seen int64) (place, error) {
+	if rr == nil {
+		return place{}, errMalformed
 	}
 	if r.limit > 0 {
 		return r.count(rr.Kvs, seen)
 	}
-	var newest *mvccpb.KeyValue
-	for _, kv := range rr.Kvs {
-		if r.member(kv.Key) && (newest == nil || kv.CreateRevision > newest.CreateRevision) {
-			newest = kv
-		}
-	}
 	switch {
-	case newest != nil:
-		return place{seen: seen, watch: string(newest.Key)}, nil
-	case window && len(rr.Kvs) > 0:
-		// Only a nested key (D11) in the window: read every key.
-		return place{}, nil
+	case len(rr.Kvs) == 0:
+		return place{seen: seen}, nil
+	case r.member(rr.Kvs[0].Key):
+		return place{seen: seen, watch: string(rr.Kvs[0].Key)}, nil
 	}
-	return place{seen: seen}, nil
+	return place{}, nil
+}
+
+// placeAll reads the place a key put now would have from the reply of
+// all(0), read at revision seen.
+func (r *rule) placeAll(rr *pb.RangeResponse, seen int64) (place, error) {
+	reply := &pb.ResponseOp{Response: &pb.ResponseOp_ResponseRange{ResponseRange: rr}}
+	return r.placeOlder([]*pb.ResponseOp{reply}, math.MaxInt64, seen, true)
+}
+
+// lockPlace reads a lock's place from the keys older than ours under the
+// blocking prefix, newest first (every one if complete, else the newest
+// few), and the oldest key under the prefix (first, if read): we watch the
+// newest member, and the one before it. A nested key in an incomplete
+// window leaves the place unknown (seen == 0): read every key.
+func (r *rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, first []*mvccpb.KeyValue, seen int64) place {
+	var members []*mvccpb.KeyValue
+	for _, kv := range newestFirst {
+		if !r.member(kv.Key) {
+			if !complete {
+				return place{}
+			}
+			continue
+		}
+		members = append(members, kv)
+	}
+	if len(members) == 0 {
+		return place{seen: seen}
+	}
+	p := place{seen: seen, watch: string(members[0].Key)}
+	if len(members) > 1 {
+		p.also = string(members[1].Key)
+	}
+	if complete {
+		p.owner = len(members) == 1
+	} else {
+		p.owner = len(first) == 1 && string(first[0].Key) == p.watch
+	}
+	return p
 }
 
 // count reads a semaphore's place from every key older than ours, oldest

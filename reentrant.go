@@ -26,7 +26,8 @@ type lockState struct {
 	busy     bool      // the turn is taken: by the holder, an acquirer, or a cleanup
 	queue    []*waiter // local goroutines waiting for the turn, oldest first
 	owner    int64     // goroutine id of the holder; 0 when not held
-	holds    int       // how many holds the owner has
+	scopes   []*scope  // the holder's open Do scopes: their goroutines hold too
+	holds    int       // how many holds there are, the scopes' included
 	hold     *hold     // the current hold: its token and loss signal; nil when not held
 	handoffs int       // local hand-offs in a row since the key was put
 }
@@ -35,6 +36,59 @@ type waiter struct {
 	ready   chan struct{} // closed when the turn is handed to this waiter
 	granted bool
 	handed  *hold // the hold itself came with the turn (a local hand-off)
+}
+
+// A scope is the hold of one Do while its f runs: any goroutine whose
+// context carries the scope holds the lock with the goroutine that called
+// Do. It ends when f returns, and with it the holds taken through it; a
+// context kept after that grants nothing.
+type scope struct {
+	holds int // holds taken through the scope by other goroutines; guarded by the record's mu
+}
+
+// scopeKey is the context key of a lock's scope.
+type scopeKey struct {
+	s    *Session
+	name string
+}
+
+// scopeOf returns the open scope ctx carries for the lock, nil if none. st.mu
+// must be held.
+func (st *lockState) scopeOf(ctx context.Context) *scope {
+	sc, _ := ctx.Value(scopeKey{st.s, st.name}).(*scope)
+	if sc == nil || !slices.Contains(st.scopes, sc) {
+		return nil
+	}
+	return sc
+}
+
+// ownHolds returns the holds of the owner goroutine itself. st.mu must be
+// held.
+func (st *lockState) ownHolds() int {
+	n := st.holds
+	for _, sc := range st.scopes {
+		n -= sc.holds
+	}
+	return n
+}
+
+// openScope opens a scope for the calling goroutine's hold and returns a
+// context, derived from ctx, that carries it.
+func (st *lockState) openScope(ctx context.Context) (context.Context, *scope) {
+	sc := &scope{}
+	st.mu.Lock()
+	st.scopes = append(st.scopes, sc)
+	st.mu.Unlock()
+	return context.WithValue(ctx, scopeKey{st.s, st.name}, sc), sc
+}
+
+// closeScope ends sc, and the holds its goroutines still have.
+func (st *lockState) closeScope(sc *scope) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.scopes = slices.DeleteFunc(st.scopes, func(o *scope) bool { return o == sc })
+	st.holds -= sc.holds
+	sc.holds = 0
 }
 
 // An entry is how an acquisition starts in this process.
@@ -73,20 +127,28 @@ func (st *lockState) isRetired() bool {
 	return st.retired
 }
 
-// enter starts an acquisition by the calling goroutine: a re-lock if it holds
-// the lock, else the turn if it is free, else a place in the local queue
-// (none for a try). It returns false if the record was retired meanwhile:
-// fetch the live one and enter again.
-func (st *lockState) enter(try bool) (entry, *waiter, bool) {
+// enter starts an acquisition by the calling goroutine, with ctx: a re-lock
+// if it holds the lock (or ctx carries the holder's scope), else the turn if
+// it is free, else a place in the local queue (none for a try). It returns
+// false if the record was retired meanwhile: fetch the live one and enter
+// again.
+func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	switch {
-	case st.retired:
+	if st.retired {
 		return 0, nil, false
-	case st.owner == gid:
+	}
+	if st.owner != 0 && st.owner == gid {
 		st.holds++
 		return reentered, nil, true
+	}
+	if sc := st.scopeOf(ctx); sc != nil {
+		st.holds++
+		sc.holds++
+		return reentered, nil, true
+	}
+	switch {
 	case !st.busy:
 		st.busy = true
 		return gotTurn, nil, true
@@ -142,15 +204,23 @@ const (
 	mustRelease                  // the last hold ended: delete the key, then pass the turn
 )
 
-// leave ends one hold of the calling goroutine. When it ends the last one,
-// the loss signal closes and, unless the hold is handed to a local waiter
-// (WithLocalHandoff), it returns the ended hold, whose key the caller must
-// delete before it passes the turn on.
-func (st *lockState) leave() (departure, *hold) {
+// leave ends one hold of the calling goroutine, with ctx. When it ends the
+// last one, the loss signal closes and, unless the hold is handed to a local
+// waiter (WithLocalHandoff), it returns the ended hold, whose key the caller
+// must delete before it passes the turn on. While a Do scope is open, its
+// last hold is Do's to end.
+func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.retired || st.owner != gid {
+	switch sc := st.scopeOf(ctx); {
+	case st.retired || st.owner == 0:
+		return notHolder, nil
+	case st.owner == gid && (len(st.scopes) == 0 || st.ownHolds() > 1):
+		// While a scope is open, the owner's last hold is Do's.
+	case st.owner != gid && sc != nil && sc.holds > 0:
+		sc.holds--
+	default:
 		return notHolder, nil
 	}
 	st.holds--
@@ -161,6 +231,7 @@ func (st *lockState) leave() (departure, *hold) {
 	st.owner, st.hold = 0, nil
 	h.end()
 	if st.handOff(h) {
+		h.reportEnd() // before the next goroutine can report its acquisition
 		return handedOn, nil
 	}
 	return mustRelease, h
@@ -208,7 +279,8 @@ func (st *lockState) passTurn() {
 	}
 }
 
-// holdCount returns the calling goroutine's holds.
+// holdCount returns the calling goroutine's own holds (not those taken
+// through a Do scope by other goroutines).
 func (st *lockState) holdCount() int {
 	gid := goid.Get()
 	st.mu.Lock()
@@ -216,7 +288,7 @@ func (st *lockState) holdCount() int {
 	if st.owner != gid {
 		return 0
 	}
-	return st.holds
+	return st.ownHolds()
 }
 
 // current returns the process's current hold, nil if none.
@@ -231,4 +303,169 @@ func (st *lockState) waiting() int {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return len(st.queue)
+}
+
+// rwState is what this process knows of one RWMutex name on one Session: who
+// holds it, per goroutine. Every hold of a goroutine has an etcd key of its
+// own, readers' and writers' alike, so goroutines need no local turn: etcd's
+// queue orders them, as it orders other processes.
+type rwState struct {
+	s    *Session
+	name string
+
+	mu      sync.Mutex
+	retired bool
+	writer  int64             // goroutine id of the write holder; 0 when none
+	write   *rwHold           // the write hold
+	nested  int               // read holds of the writer goroutine: local, no key
+	readers map[int64]*rwHold // read holds, by goroutine
+}
+
+// An rwHold is one goroutine's hold of an RWMutex: the hold of its key, and
+// how many times the goroutine took it.
+type rwHold struct {
+	holds int
+	h     *hold
+}
+
+// state returns the live record of the handle's lock, creating it if create
+// is set; nil if there is none: nothing in this process holds the lock.
+func (rw *RWMutex) state(create bool) *rwState {
+	s := rw.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.rwlocks[rw.name]
+	if st == nil && create {
+		st = &rwState{s: s, name: rw.name, readers: make(map[int64]*rwHold)}
+		s.rwlocks[rw.name] = st
+	}
+	return st
+}
+
+// enter starts an acquisition by the calling goroutine: it reports whether
+// the goroutine took one more hold of a lock it holds already, which needs no
+// key: a re-lock, or a read by the writer. A reader asking to write gets
+// ErrWouldDeadlock: it would wait for itself.
+func (st *rwState) enter(write bool) (bool, error) {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case st.writer == gid && write:
+		st.write.holds++
+	case st.writer == gid:
+		st.nested++
+	case st.readers[gid] != nil && write:
+		return false, ErrWouldDeadlock
+	case st.readers[gid] != nil:
+		st.readers[gid].holds++
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// grant records the hold that the calling goroutine took. It returns false
+// if the record was retired meanwhile: grant on the live one.
+func (st *rwState) grant(write bool, h *hold) bool {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.retired {
+		return false
+	}
+	hold := &rwHold{holds: 1, h: h}
+	if write {
+		st.writer, st.write = gid, hold
+	} else {
+		st.readers[gid] = hold
+	}
+	return true
+}
+
+// leave ends one hold of the calling goroutine (write or read). When the
+// goroutine's last hold of a key ends, the loss signal closes, and it returns
+// the hold whose key the caller must delete. A writer's key lasts until the
+// writer's nested reads end too: it still excludes everyone meanwhile.
+func (st *rwState) leave(write bool) (departure, *rwHold) {
+	gid := goid.Get()
+	st.mu.Lock()
+	var ended *rwHold
+	switch r := st.readers[gid]; {
+	case st.writer == gid && (write || st.nested > 0):
+		if write {
+			st.write.holds--
+		} else {
+			st.nested--
+		}
+		if st.write.holds == 0 && st.nested == 0 {
+			ended = st.write
+			st.writer, st.write = 0, nil
+		}
+	case write || r == nil:
+		st.mu.Unlock()
+		return notHolder, nil
+	default:
+		r.holds--
+		if r.holds == 0 {
+			ended = r
+			delete(st.readers, gid)
+		}
+	}
+	idle := st.writer == 0 && len(st.readers) == 0
+	st.mu.Unlock()
+	if ended == nil {
+		return stillHeld, nil
+	}
+	ended.h.end()
+	if idle {
+		st.retire()
+	}
+	return mustRelease, ended
+}
+
+// retire removes the record from the Session if nothing holds it.
+func (st *rwState) retire() {
+	s := st.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.writer == 0 && len(st.readers) == 0 && s.rwlocks[st.name] == st {
+		st.retired = true
+		delete(s.rwlocks, st.name)
+	}
+}
+
+// current returns the process's current hold: the write hold, or else the
+// oldest read hold; nil if none.
+func (st *rwState) current() *rwHold {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.write != nil {
+		return st.write
+	}
+	var oldest *rwHold
+	for _, r := range st.readers {
+		if oldest == nil || r.h.token() < oldest.h.token() {
+			oldest = r
+		}
+	}
+	return oldest
+}
+
+// holdCount returns the calling goroutine's holds: write holds and read
+// holds together.
+func (st *rwState) holdCount() int {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n := 0
+	if st.writer == gid {
+		n += st.write.holds + st.nested
+	}
+	if r := st.readers[gid]; r != nil {
+		n += r.holds
+	}
+	return n
 }

@@ -42,9 +42,13 @@ type Session struct {
 	lastAck atomic.Int64
 
 	mu      sync.Mutex
-	locks   map[string]*lockState // one record per lock name, shared by all handles
+	locks   map[string]*lockState // one record per Mutex name, shared by all handles
+	rwlocks map[string]*rwState   // one record per RWMutex name
+	seq     atomic.Int64          // makes the keys of RWMutex and Semaphore holds unique
 	closing bool                  // no new background work once set
 	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
+
+	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
 
 	stopRevoke func() bool   // stops the WithContext revoke, if any
 	revoked    chan struct{} // closed when the WithContext revoke has finished
@@ -59,12 +63,13 @@ type SessionOption interface {
 }
 
 type sessionOptions struct {
-	ttl      time.Duration
-	lease    clientv3.LeaseID
-	ctx      context.Context
-	handoffs int
-	identity string
-	err      error
+	ttl       time.Duration
+	lease     clientv3.LeaseID
+	ctx       context.Context
+	handoffs  int
+	identity  string
+	observers []Observer
+	err       error
 }
 
 type sessionOptionFunc func(*sessionOptions)
@@ -158,6 +163,12 @@ func WithIdentity(id string) SessionOption {
 // behind, if client is nil, an option is invalid, or etcd does not answer
 // within 5 s (or the WithContext context's deadline, if earlier).
 func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
+	return newSession(context.Background(), client, opts...)
+}
+
+// newSession is NewSession whose setup RPCs also end when setup ends,
+// without tying the Session's life to it.
+func newSession(setup context.Context, client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
@@ -178,6 +189,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 
 	ctx, cancel := context.WithTimeout(o.ctx, setupTimeout)
 	defer cancel()
+	defer context.AfterFunc(setup, cancel)()
 	id, ttl, granted, err := lease(ctx, client, o)
 	if err != nil {
 		return nil, err
@@ -219,15 +231,23 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		ttl:         time.Duration(ttl) * time.Second,
 		maxHandoffs: o.handoffs,
 		identity:    o.identity,
+		events:      newDispatch(o.observers, id),
 		locks:       make(map[string]*lockState),
+		rwlocks:     make(map[string]*rwState),
 		revoked:     make(chan struct{}),
 	}
 	s.lastAck.Store(time.Now().UnixNano())
+	// Keys from an earlier process with the same lease (WithLease) were
+	// numbered from an earlier time: no key of ours can be one of theirs.
+	s.seq.Store(time.Now().UnixNano())
 	s.bg.Go(func() {
 		for range acks {
 			s.lastAck.Store(time.Now().UnixNano())
 		}
 	})
+	if s.events != nil {
+		s.bg.Go(s.probeKeepAlive)
+	}
 	if o.ctx.Done() != nil {
 		s.stopRevoke = context.AfterFunc(o.ctx, func() {
 			defer close(s.revoked)
@@ -283,11 +303,16 @@ func (s *Session) Close() error {
 			s.closeErr = s.revoke(context.Background())
 		}
 		s.bg.Wait()
+		s.events.close()
 	})
 	return s.closeErr
 }
 
 func (s *Session) revoke(ctx context.Context) error {
+	if err := s.client.Ctx().Err(); err != nil {
+		// A closed client sends nothing: the lease expires on its own.
+		return fmt.Errorf("etcdlock: revoke lease %x: client closed: %w", s.cs.Lease(), err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, revokeTimeout)
 	defer cancel()
 	_, err := s.client.Revoke(ctx, s.cs.Lease())
@@ -350,6 +375,46 @@ func (s *Session) leaseGone() { s.cs.Orphan() }
 func (s *Session) untilSilent() time.Duration {
 	last := time.Unix(0, s.lastAck.Load())
 	return time.Until(last.Add(s.ttl - s.ttl/3))
+}
+
+// probeKeepAlive measures the keep-alive for the observers: every TTL/3 it
+// renews the lease once more itself, and reports the round trip and the
+// margin the lease had left, as seen from the renewal before.
+func (s *Session) probeKeepAlive() {
+	ctx := s.cs.Ctx()
+	interval := s.ttl / 3
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		last := time.Unix(0, s.lastAck.Load())
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, interval)
+		_, err := s.client.KeepAliveOnce(rctx, s.Lease())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		e := Event{Kind: KeptAlive, Time: now, RTT: now.Sub(start), Margin: last.Add(s.ttl).Sub(now), TTL: s.ttl, Err: err}
+		switch {
+		case err == nil:
+			s.lastAck.Store(now.UnixNano())
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.leaseGone()
+		}
+		s.events.emit(e)
+	}
+}
+
+// uniqueKey returns a new key under pfx for one hold of this Session:
+// <lease ID in hex>-<number>.
+func (s *Session) uniqueKey(pfx string) string {
+	return fmt.Sprintf("%s%x-%x", pfx, s.Lease(), s.seq.Add(1))
 }
 
 // goBackground runs f in a goroutine that Close waits for, unless the

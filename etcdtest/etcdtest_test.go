@@ -518,3 +518,31 @@ func TestWithFsync(t *testing.T) {
 		})
 	}
 }
+
+func TestNewProxiedClient(t *testing.T) {
+	srv, err := etcdtest.New()
+	if err != nil {
+		t.Fatalf("New: got %v, want nil", err)
+	}
+	defer srv.Close()
+	c, p, err := srv.NewProxiedClient()
+	if err != nil {
+		t.Fatalf("NewProxiedClient: got %v, want nil", err)
+	}
+	put(t, c, t.Name(), "v")
+	p.Blackhole()
+	if err := getErr(t, c, t.Name(), 300*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("get while blackholed: got %v, want %v", err, context.DeadlineExceeded)
+	}
+	p.Unblackhole()
+	if got := get(t, c, t.Name()); got != "v" {
+		t.Fatalf("value after Unblackhole: got %q, want %q", got, "v")
+	}
+	srv.Close()
+	if _, err := c.Get(t.Context(), t.Name()); err == nil {
+		t.Error("get after Close: got nil error, want the client closed")
+	}
+	if _, _, err := srv.NewProxiedClient(); err == nil {
+		t.Error("NewProxiedClient after Close: got nil error, want one")
+	}
+}

@@ -147,6 +147,16 @@ func (s *Server) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
 	return proxiedClient(tb, &s.owned, s.Endpoints(), s.o, s.certs)
 }
 
+// NewProxiedClient returns a new client whose traffic goes through a TCP
+// proxy, and the Proxy that injects faults into it, like ProxiedClient, for
+// code that has no testing.TB. Close closes both, if the caller has not
+// closed the client before; the proxy runs until then. After Close,
+// NewProxiedClient returns an error.
+func (s *Server) NewProxiedClient() (*clientv3.Client, *Proxy, error) {
+	c, p, _, err := newProxiedClient(&s.owned, s.Endpoints(), s.o, s.certs)
+	return c, p, err
+}
+
 // Close closes the clients and proxies handed out by s, then stops etcd. For
 // a Server from New it then removes the data directory; that of a Server from
 // Start is removed by the testing package when the test ends. Close is safe
@@ -194,14 +204,25 @@ func client(tb testing.TB, own *owned, endpoints []string, o *options, crt *cert
 
 func proxiedClient(tb testing.TB, own *owned, endpoints []string, o *options, crt *certs) (*clientv3.Client, *Proxy) {
 	tb.Helper()
-	p, err := newProxy(endpoints, o.logger)
+	c, p, closeFn, err := newProxiedClient(own, endpoints, o, crt)
 	if err != nil {
 		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(closeFn)
+	return c, p
+}
+
+// newProxiedClient returns a client through a new proxy, both owned by own,
+// and the function that closes them.
+func newProxiedClient(own *owned, endpoints []string, o *options, crt *certs) (*clientv3.Client, *Proxy, func(), error) {
+	p, err := newProxy(endpoints, o.logger)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	c, err := newClient(p.Endpoints(), o, crt, grpc.WithContextDialer(p.dial))
 	if err != nil {
 		p.close()
-		tb.Fatalf("%v", err)
+		return nil, nil, nil, err
 	}
 	closeFn, ok := own.add(func() {
 		c.Close()
@@ -210,8 +231,7 @@ func proxiedClient(tb testing.TB, own *owned, endpoints []string, o *options, cr
 	if !ok {
 		c.Close()
 		p.close()
-		tb.Fatalf("etcdtest: ProxiedClient called after Close")
+		return nil, nil, nil, errors.New("etcdtest: ProxiedClient or NewProxiedClient called after Close")
 	}
-	tb.Cleanup(closeFn)
-	return c, p
+	return c, p, closeFn, nil
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // callCLI runs the command line in this process with env as its environment.
-// Only calls that stop before reaching etcd belong here.
+// Only calls that stop before reaching etcd, or run on an etcd of their own
+// (demo), belong here.
 func callCLI(env map[string]string, args ...string) (code int, stdout, stderr string) {
 	var out, errOut strings.Builder
 	code = cli(args, stdio{out: &out, err: &errOut, getenv: func(k string) string { return env[k] }})
@@ -176,27 +177,5 @@ func TestEndpointList(t *testing.T) {
 	got := endpointList(cfg)
 	if want := "https://REDACTED@h:1,REDACTED@h:2,h:3"; got != want {
 		t.Fatalf("got %q, want %q", got, want)
-	}
-}
-
-func TestPrintQueue(t *testing.T) {
-	var free strings.Builder
-	printQueue(&free, nil)
-	if free.String() != "no holder\n" {
-		t.Fatalf("free lock: got %q, want %q", free.String(), "no holder\n")
-	}
-	var out strings.Builder
-	printQueue(&out, []queued{
-		{key: "a/694d7f3c2a1b4e05", rev: 12, lease: 0x694d7f3c2a1b4e05, ttl: 7},
-		{key: "a/x", rev: 15},
-		{key: "a/694d7f3c2a1b4e09", rev: 17, lease: 0x694d7f3c2a1b4e09, ttl: -1},
-	})
-	want := `ROLE      KEY                 TOKEN  LEASE             TTL
-holder    a/694d7f3c2a1b4e05  12     694d7f3c2a1b4e05  7s
-waiter 1  a/x                 15     -                 -
-waiter 2  a/694d7f3c2a1b4e09  17     694d7f3c2a1b4e09  expired
-`
-	if out.String() != want {
-		t.Fatalf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
 }

@@ -45,10 +45,19 @@ each with its own etcd client and session, contend for one lock:
   3. the holder's lease is revoked: its Done() channel closes and a write
      guarded by IsOwner() is rejected; the next holder gets a higher token.
 
-It prints a timeline (elapsed ms, worker, event, fencing token), then PASS or
-FAIL for each check: the counter's total, HoldCount, TryLock, TryLockFor, the
-cancelled wait, the loss, tokens strictly increasing, and no key left under
-the lock at the end.
+Then the rest of the family:
+
+  4. read-write lock: all workers read at once; then two write while the
+     others read: readers overlap, a writer is always alone;
+  5. semaphore of limit 2: never more than 2 holders, each among the 2
+     oldest keys in etcd (Inspect), and the limit is reached;
+  6. failover: three candidates run etcdlock.Lead (TTL 2s); the leader dies,
+     then the next leader is cut off from etcd (dies too, with --endpoints);
+     a backup takes over each time, after the old leader's f was cancelled.
+
+It prints a timeline (elapsed ms, who, event, fencing token), then PASS or
+FAIL for each check, and exits 1 if any failed. It takes a few seconds,
+most of them the two failovers, which wait for a lease to expire.
 
 Without --endpoints it runs on an etcd embedded in this process, in a
 temporary directory removed at exit. With --endpoints it uses that etcd,
@@ -69,7 +78,7 @@ func newDemoFlags() (*commandFlags, *demoOptions) {
 	c := newCommandFlags("demo", "[flags]", demoAbout)
 	o := &demoOptions{}
 	c.IntVar(&o.workers, "workers", demoMinWorkers, "`number` of workers, each with its own client and session (4 to 16)")
-	c.IntVar(&o.rounds, "rounds", 2, "`number` of times each worker takes the lock in phase 1 (1 to 100)")
+	c.IntVar(&o.rounds, "rounds", 2, "`number` of times each worker takes the lock in phase 1, the read-write lock in phase 4 and a permit in phase 5 (1 to 100)")
 	c.groups = append(c.groups, flagGroup{title: "Demo flags", names: []string{"workers", "rounds"}})
 	o.conn.register(c, false)
 	return c, o
@@ -107,6 +116,7 @@ func demoCommand(args []string, sio stdio) error {
 	defer stop()
 	start := time.Now()
 	var dial func() (*clientv3.Client, error)
+	var dialProxied func() (*clientv3.Client, *etcdtest.Proxy, error)
 	var where string
 	if given["endpoints"] {
 		cfg, err := o.conn.config("demo")
@@ -129,9 +139,16 @@ func demoCommand(args []string, sio stdio) error {
 			}
 			return cli, nil
 		}
+		dialProxied = func() (*clientv3.Client, *etcdtest.Proxy, error) {
+			cli, proxy, err := srv.NewProxiedClient()
+			if err != nil {
+				return nil, nil, withStatus(exitUnavailable, err)
+			}
+			return cli, proxy, nil
+		}
 	}
 
-	d, err := newDemo(ctx, dial, o, sio.out, start)
+	d, err := newDemo(ctx, dial, dialProxied, o, sio.out, start)
 	if err != nil {
 		return err
 	}
@@ -154,6 +171,11 @@ type demo struct {
 	name   string // the lock
 	rounds int
 	admin  *clientv3.Client // the operator: reads the keyspace, revokes a lease
+
+	// dial connects a new client; dialProxied one through a proxy that can
+	// cut it off, nil without the embedded etcd.
+	dial        func() (*clientv3.Client, error)
+	dialProxied func() (*clientv3.Client, *etcdtest.Proxy, error)
 
 	workers []*worker
 
@@ -184,9 +206,10 @@ type checkResult struct {
 
 // newDemo connects the admin and the workers, each with a client of its own
 // from dial, whose errors carry their exit status.
-func newDemo(ctx context.Context, dial func() (*clientv3.Client, error), o *demoOptions, out io.Writer, start time.Time) (*demo, error) {
+func newDemo(ctx context.Context, dial func() (*clientv3.Client, error), dialProxied func() (*clientv3.Client, *etcdtest.Proxy, error),
+	o *demoOptions, out io.Writer, start time.Time) (*demo, error) {
 	base := fmt.Sprintf("%s%08x", demoPrefix, rand.Uint32())
-	d := &demo{out: out, start: start, base: base, name: base + "/lock", rounds: o.rounds}
+	d := &demo{out: out, start: start, base: base, name: base + "/lock", rounds: o.rounds, dial: dial, dialProxied: dialProxied}
 	admin, err := dial()
 	if err != nil {
 		return nil, err
@@ -198,28 +221,38 @@ func newDemo(ctx context.Context, dial func() (*clientv3.Client, error), o *demo
 			d.close()
 			return nil, err
 		}
-		w.s, err = etcdlock.NewSession(w.cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(ctx))
-		if err != nil {
+		if err := d.newSession(ctx, w); err != nil {
 			w.cli.Close()
 			d.close()
-			return nil, withStatus(exitUnavailable, fmt.Errorf("%s: new session: %w", w.id, err))
+			return nil, withStatus(exitUnavailable, err)
 		}
-		w.m = etcdlock.NewMutex(w.s, d.name)
 		d.workers = append(d.workers, w)
 	}
 	return d, nil
 }
 
-// run runs the three phases and the final checks, prints the results and
+// newSession gives w a new session, named by w's id, and its Mutex on the
+// lock.
+func (d *demo) newSession(ctx context.Context, w *worker) error {
+	s, err := etcdlock.NewSession(w.cli, etcdlock.WithTTL(demoTTL), etcdlock.WithContext(ctx), etcdlock.WithIdentity(w.id))
+	if err != nil {
+		return fmt.Errorf("%s: new session: %w", w.id, err)
+	}
+	if w.s != nil {
+		_ = w.s.Close() // its lease is gone already
+	}
+	w.s, w.m = s, etcdlock.NewMutex(s, d.name)
+	return nil
+}
+
+// run runs the six phases and the final checks, prints the results and
 // returns the number of failed checks.
 func (d *demo) run(ctx context.Context) int {
 	fmt.Fprintf(d.out, "\n%6s  %-6s %-64s %s\n", "ms", "who", "event", "token")
-	d.contend(ctx)
-	if ctx.Err() == nil {
-		d.nonBlocking(ctx)
-	}
-	if ctx.Err() == nil {
-		d.loss(ctx)
+	for _, phase := range []func(context.Context){d.contend, d.nonBlocking, d.loss, d.readWrite, d.semaphore, d.failover} {
+		if ctx.Err() == nil {
+			phase(ctx)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		d.fail("demo", err)
@@ -228,12 +261,12 @@ func (d *demo) run(ctx context.Context) int {
 	d.mu.Lock()
 	tokens := slices.Clone(d.tokens)
 	d.mu.Unlock()
-	d.check(len(tokens) > 1 && increasing(tokens), "fencing tokens strictly increase across all %d holds: %s", len(tokens), joinInts(tokens))
-	keys, err := d.lockKeys(ctx)
+	d.check(len(tokens) > 1 && increasing(tokens), "fencing tokens of the lock strictly increase across all %d holds: %s", len(tokens), joinInts(tokens))
+	keys, err := d.keys(ctx, d.base+"/")
 	if err != nil {
 		d.fail("admin", err)
 	}
-	d.check(err == nil && len(keys) == 0, "no key left under %q at the end (%d found)", d.name+"/", len(keys))
+	d.check(err == nil && len(keys) == 0, "no key left under %q at the end (%d found)", d.base+"/", len(keys))
 	d.mu.Lock()
 	nerrs := len(d.errs)
 	d.mu.Unlock()
@@ -350,7 +383,7 @@ func (d *demo) nonBlocking(ctx context.Context) {
 		}
 		errc <- err
 	})
-	queued := d.waitKeys(ctx, 2)
+	queued := d.waitQueue(ctx, d.name, 2)
 	d.event(c.id, 0, "LockContext: waiting, its key queued behind %s's", h.id)
 	cancel()
 	wg.Wait()
@@ -404,6 +437,14 @@ func (d *demo) loss(ctx context.Context) {
 	}
 	d.taken(next, "locked")
 	d.unlock(next, ctx)
+
+	// The lost lease ended v's session: it starts another, as a process
+	// that lost its lock would.
+	if err := d.newSession(ctx, v); err != nil {
+		d.fail(v.id, err)
+		return
+	}
+	d.event(v.id, 0, "new session: lease %x", int64(v.s.Lease()))
 }
 
 // taken records and prints a new hold of w, with its fencing token. It is
@@ -427,9 +468,14 @@ func (d *demo) unlock(w *worker, ctx context.Context) {
 
 // lockKeys returns the keys under the lock's prefix.
 func (d *demo) lockKeys(ctx context.Context) ([]string, error) {
+	return d.keys(ctx, d.name+"/")
+}
+
+// keys returns the keys under prefix.
+func (d *demo) keys(ctx context.Context, prefix string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoOpTimeout)
 	defer cancel()
-	resp, err := d.admin.Get(ctx, d.name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := d.admin.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, err
 	}
@@ -440,17 +486,41 @@ func (d *demo) lockKeys(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-// waitKeys waits until n keys are under the lock's prefix, and reports
-// whether they were.
-func (d *demo) waitKeys(ctx context.Context, n int) bool {
+// waitQueue waits until the queue of name has n entries, and reports
+// whether it did.
+func (d *demo) waitQueue(ctx context.Context, name string, n int) bool {
 	deadline := time.Now().Add(demoQueueWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if keys, err := d.lockKeys(ctx); err == nil && len(keys) >= n {
+		qctx, cancel := context.WithTimeout(ctx, demoOpTimeout)
+		entries, err := etcdlock.Inspect(qctx, d.admin, name)
+		cancel()
+		if err == nil && len(entries) >= n {
 			return true
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return false
+}
+
+// queueIdentities returns the identities of the holders and of the waiters in
+// entries, each list joined with spaces, or "none".
+func queueIdentities(entries []etcdlock.QueueEntry) (holders, waiters string) {
+	var h, w []string
+	for _, e := range entries {
+		if e.Holds {
+			h = append(h, e.Identity)
+		} else {
+			w = append(w, e.Identity)
+		}
+	}
+	return orNone(h), orNone(w)
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, " ")
 }
 
 func (d *demo) phase(format string, args ...any) {

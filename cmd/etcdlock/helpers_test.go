@@ -22,10 +22,11 @@ func lockName(t *testing.T) string {
 	return "cli-test/" + strings.ReplaceAll(t.Name(), "/", "-")
 }
 
-// newSession returns a session on cli, closed when the test ends.
-func newSession(t *testing.T, cli *clientv3.Client) *etcdlock.Session {
+// newSession returns a session on cli with a TTL of 10 s and opts, closed
+// when the test ends.
+func newSession(t *testing.T, cli *clientv3.Client, opts ...etcdlock.SessionOption) *etcdlock.Session {
 	t.Helper()
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(10*time.Second))
+	s, err := etcdlock.NewSession(cli, append([]etcdlock.SessionOption{etcdlock.WithTTL(10 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewSession: got %v, want nil", err)
 	}

@@ -7,24 +7,33 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
+	"strconv"
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
 )
 
 // queryTimeout bounds the reads of holders once etcd has answered.
 const queryTimeout = 5 * time.Second
 
-const holdersAbout = `Shows who holds the lock NAME and who waits for it, in queue order: the
-etcd key, its create revision (for the holder, the fencing token it was
-given), its lease and the seconds left on that lease. Prints "no holder" if
-the lock is free. Keys nested deeper than NAME/<lease> belong to other locks
-and are not shown. Works for locks taken by etcdlock, etcd's
-concurrency.Mutex and etcdctl lock alike.
+const holdersAbout = `Shows who holds the lock NAME and who waits for it: the holders first, then
+the waiters in the order they will be served. For each: the kind of lock,
+the etcd key, its create revision (for a holder, the fencing token it was
+given), its lease, the seconds left on that lease, and the identity the
+holder stored in its key (etcdlock run stores its host, pid and command).
+Prints "no holder" if nobody holds or waits.
+
+Every kind of lock of the etcdlock package is shown: mutex (also etcd's
+concurrency.Mutex and etcdctl lock), read and write (RWMutex, and etcd's
+recipe RWMutex), semaphore (several holders). Keys of other locks nested
+under NAME are not shown.
 
 Exit statuses: 0 whether the lock is held or free; 64 usage; 69 etcd
 unreachable or refused us.
@@ -74,46 +83,34 @@ func holdersCommand(args []string, sio stdio) error {
 	return nil
 }
 
-// queued is one key in a lock's queue.
+// queued is one key in a lock's queue, with what is left of its lease.
 type queued struct {
-	key   string
-	rev   int64 // create revision
-	lease clientv3.LeaseID
-	ttl   int64 // seconds left on the lease; -1 if it is gone
+	etcdlock.QueueEntry
+	ttl int64 // seconds left on the lease; -1 if it is gone
 }
 
-// lockQueue returns the keys of the lock name, the holder first and then the
-// waiters in the order they will get it: by create revision. Keys nested
-// deeper than name/<lease> belong to other locks and are skipped, as the
-// etcdlock package does.
+// lockQueue returns the queue of the lock name, as etcdlock.Inspect reads
+// it: the holders first, then the waiters in the order they will be served.
 func lockQueue(ctx context.Context, cli *clientv3.Client, name string) ([]queued, error) {
-	pfx := name + "/"
-	// Not WithKeysOnly: etcd then answers from its index, without leases.
-	// Lock keys have empty values anyway.
-	resp, err := cli.Get(ctx, pfx, clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	entries, err := etcdlock.Inspect(ctx, cli, name)
 	if err != nil {
 		return nil, err
 	}
-	var q []queued
+	q := make([]queued, len(entries))
 	ttls := map[clientv3.LeaseID]int64{}
-	for _, kv := range resp.Kvs {
-		if strings.Contains(strings.TrimPrefix(string(kv.Key), pfx), "/") {
+	for i, e := range entries {
+		q[i].QueueEntry = e
+		if e.Lease == clientv3.NoLease {
 			continue
 		}
-		e := queued{key: string(kv.Key), rev: kv.CreateRevision, lease: clientv3.LeaseID(kv.Lease)}
-		if e.lease != clientv3.NoLease {
-			ttl, ok := ttls[e.lease]
-			if !ok {
-				ttl, err = leaseTTL(ctx, cli, e.lease)
-				if err != nil {
-					return nil, err
-				}
-				ttls[e.lease] = ttl
+		ttl, ok := ttls[e.Lease]
+		if !ok {
+			if ttl, err = leaseTTL(ctx, cli, e.Lease); err != nil {
+				return nil, err
 			}
-			e.ttl = ttl
+			ttls[e.Lease] = ttl
 		}
-		q = append(q, e)
+		q[i].ttl = ttl
 	}
 	return q, nil
 }
@@ -137,21 +134,43 @@ func printQueue(w io.Writer, q []queued) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ROLE\tKEY\tTOKEN\tLEASE\tTTL")
-	for i, e := range q {
+	fmt.Fprintln(tw, "ROLE\tKIND\tKEY\tTOKEN\tLEASE\tTTL\tIDENTITY")
+	waiters := 0
+	for _, e := range q {
 		role := "holder"
-		if i > 0 {
-			role = fmt.Sprintf("waiter %d", i)
+		if !e.Holds {
+			waiters++
+			role = fmt.Sprintf("waiter %d", waiters)
 		}
 		lease, ttl := "-", "-"
-		if e.lease != clientv3.NoLease {
-			lease = fmt.Sprintf("%x", int64(e.lease))
+		if e.Lease != clientv3.NoLease {
+			lease = fmt.Sprintf("%x", int64(e.Lease))
 			ttl = fmt.Sprintf("%ds", e.ttl)
 			if e.ttl < 0 {
 				ttl = "expired"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", role, e.key, e.rev, lease, ttl)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", role, e.Kind, printable(e.Key), e.Token, lease, ttl, showIdentity(e.Identity))
 	}
 	tw.Flush()
+}
+
+// showIdentity returns an identity for one line of output: "-" if there is
+// none.
+func showIdentity(id string) string {
+	if id == "" {
+		return "-"
+	}
+	return printable(id)
+}
+
+// printable returns s as it is if it is printable text, else quoted with Go
+// escapes, so that a key or identity cannot break a line or the terminal.
+func printable(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) || r == utf8.RuneError {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }

@@ -33,6 +33,14 @@ ETCDLOCK_TOKEN and ETCD_LOCK_REV to its fencing token (the key's create
 revision). Exits with COMMAND's status (128+N if signal N killed it), and
 releases the lock once COMMAND has exited.
 
+Its key in etcd holds an identity, which etcdlock holders shows: by default
+host=<hostname> pid=<pid> cmd=<COMMAND ARGS> (shell-quoted, cut to 200
+bytes); --identity sets another. It is stored in clear in etcd, readable by
+anyone who can read the lock: keep secrets out of the command line, or set
+--identity. While it waits for more than 3s, etcdlock says on stderr who
+holds the lock (its identity, and for how long at least), and again each time
+the holder changes.
+
 If the lock is lost, or about to be (its key deleted, its lease revoked or
 expired, or etcd silent for 2/3 of --ttl), COMMAND's process group gets
 SIGTERM, then SIGKILL after --kill-grace, and etcdlock exits 74.
@@ -75,10 +83,12 @@ func (w *waitFlag) Set(s string) error {
 }
 
 type runOptions struct {
-	conn  connFlags
-	ttl   time.Duration
-	wait  waitFlag
-	grace time.Duration
+	conn     connFlags
+	obs      observeFlags
+	ttl      time.Duration
+	wait     waitFlag
+	grace    time.Duration
+	identity identityFlag
 }
 
 func newRunFlags() (*commandFlags, *runOptions) {
@@ -87,7 +97,9 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.DurationVar(&o.ttl, "ttl", defaultTTL, "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
 	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once")
 	c.DurationVar(&o.grace, "kill-grace", defaultKillGrace, "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace"}})
+	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity"}})
+	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
 }
@@ -117,6 +129,11 @@ func runCommand(args []string, sio stdio) error {
 	if err != nil {
 		return err
 	}
+	obs, err := o.obs.start(sio)
+	if err != nil {
+		return err
+	}
+	defer obs.stop()
 
 	sigs := make(chan os.Signal, 8)
 	// A signal ignored at start (nohup, a script's background job) stays
@@ -131,7 +148,7 @@ func runCommand(args []string, sio stdio) error {
 		signal.Notify(sigs, caught...)
 		defer signal.Stop(sigs)
 	}
-	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs}
+	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs}
 	return r.run()
 }
 
@@ -144,6 +161,7 @@ type runner struct {
 	cfg     clientv3.Config
 	sio     stdio
 	sigs    chan os.Signal
+	obs     *observing
 
 	cli *clientv3.Client
 	s   *etcdlock.Session
@@ -206,7 +224,8 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	r.cli = cli
-	s, err := etcdlock.NewSession(cli, etcdlock.WithTTL(r.opts.ttl))
+	opts := []etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command))}
+	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
 		return false, unavailable(r.cfg, err)
 	}
@@ -217,14 +236,18 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 	wait := r.opts.wait
 	switch {
 	case !wait.set:
+		stop := reportHolders(s, r.name, r.sio.err)
 		err = r.m.LockContext(ctx)
+		stop()
 		held = err == nil
 	case wait.d == 0:
 		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
 		held, err = r.m.TryLockFor(tctx, 0)
 		cancel()
 	default:
+		stop := reportHolders(s, r.name, r.sio.err)
 		held, err = r.m.TryLockFor(ctx, wait.d)
+		stop()
 	}
 	switch {
 	case ctx.Err() != nil:

@@ -9,14 +9,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
 )
 
@@ -437,82 +435,6 @@ func TestAuth(t *testing.T) {
 				t.Errorf("output shows the password:\n%s%s", r.stdout, r.stderr)
 			}
 		})
-	}
-}
-
-func TestHolders(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	name := lockName(t)
-	ep := srv.Endpoints()[0]
-
-	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
-	defer cancel()
-	// A key of the lock name+"/1", older than all: not part of name.
-	if _, err := cli.Put(ctx, name+"/1/nested", ""); err != nil {
-		t.Fatal(err)
-	}
-	r := runCLI(t, nil, "holders", "--endpoints", ep, name)
-	r.want(t, 0)
-	if got := strings.TrimSpace(r.stdout); got != "no holder" {
-		t.Fatalf("holders of a free lock: got %q, want %q", got, "no holder")
-	}
-
-	holder := holdLock(t, cli, name)
-	waitCtx, stopWaiting := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer stopWaiting()
-	var waiters []*keyInfo
-	for i := range 2 {
-		s := newSession(t, cli)
-		wg.Go(func() {
-			if err := etcdlock.NewMutex(s, name).LockContext(waitCtx); err == nil {
-				t.Errorf("waiter %d got the lock, want it to wait", i+1)
-			}
-		})
-		keys := waitKeys(t, cli, name, i+2) // in queue order
-		waiters = append(waiters, keys[i+1])
-	}
-
-	r = runCLI(t, nil, "holders", "--endpoints", ep, name)
-	r.want(t, 0)
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if len(lines) != 4 {
-		t.Fatalf("holders: got %d lines, want a header, the holder and 2 waiters:\n%s", len(lines), r.stdout)
-	}
-	if f := strings.Fields(lines[0]); strings.Join(f, " ") != "ROLE KEY TOKEN LEASE TTL" {
-		t.Fatalf("header: got %q", lines[0])
-	}
-	wantRows := []struct {
-		role string
-		key  string
-		rev  int64
-	}{
-		{"holder", holder.Key(), holder.Token()},
-		{"waiter 1", waiters[0].key, waiters[0].rev},
-		{"waiter 2", waiters[1].key, waiters[1].rev},
-	}
-	for i, w := range wantRows {
-		line := lines[i+1]
-		if !strings.HasPrefix(line, w.role+" ") {
-			t.Fatalf("line %d: got %q, want role %q", i+2, line, w.role)
-		}
-		f := strings.Fields(strings.TrimPrefix(line, w.role))
-		if len(f) != 4 {
-			t.Fatalf("line %d: got %q, want KEY TOKEN LEASE TTL", i+2, line)
-		}
-		lease := w.key[strings.LastIndexByte(w.key, '/')+1:]
-		if f[0] != w.key || f[1] != strconv.FormatInt(w.rev, 10) || f[2] != lease {
-			t.Fatalf("line %d: got %q, want key %s, token %d, lease %s", i+2, line, w.key, w.rev, lease)
-		}
-		ttl, err := strconv.Atoi(strings.TrimSuffix(f[3], "s"))
-		if err != nil || !strings.HasSuffix(f[3], "s") || ttl < 1 || ttl > 10 {
-			t.Fatalf("line %d: TTL %q, want 1s to 10s", i+2, f[3])
-		}
-	}
-	if strings.Contains(r.stdout, "nested") {
-		t.Fatalf("holders shows a key of another lock:\n%s", r.stdout)
 	}
 }
 

@@ -1,0 +1,112 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Do takes the lock, runs f, waits for f to return, then releases the lock.
+//
+// f's context is derived from ctx and is cancelled at the earliest of: ctx
+// ends, the hold is lost or about to be (Done closes: our key deleted, the
+// lease revoked or expired, keep-alives silent for 2/3 of the TTL, the
+// Session ended), or f returns. Do never releases the lock while f runs: it
+// waits for f, however long f takes to notice its context, so f must return
+// soon after its context is cancelled. The release runs on a context
+// detached from ctx and bounded, as UnlockContext's does.
+//
+// The hold belongs to f's scope, not to a goroutine: inside f, any goroutine
+// that uses a context derived from f's re-enters this lock (the same Session
+// and name) at once with LockContext, TryLockFor and UnlockContext, each lock
+// needing its unlock. Goroutines that share the scope do not exclude each
+// other; use a sync.Mutex among them if they must. Holds that f's
+// goroutines leave unreleased end with the scope. A context kept after f
+// returned grants nothing: it is cancelled, and its lock calls wait like
+// any other caller's.
+//
+// Do returns the lock's error if it could not take the lock (f did not
+// run); else f's error; else ErrLockLost if the hold was lost, or about to
+// be, while f ran; else the release's error. If f panics, Do releases the
+// lock and panics again.
+func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	o := m.do(ctx, f)
+	switch {
+	case o.err != nil:
+		return o.err
+	case o.lost:
+		return ErrLockLost
+	}
+	return o.release
+}
+
+// A doing is how a Do went.
+type doing struct {
+	ran     bool  // f ran: err is f's, not the lock's
+	err     error // the lock's error, or f's
+	lost    bool  // the hold was lost, or about to be, while f ran
+	release error // the release's error
+}
+
+// do takes the lock, runs f and releases the lock, as Do does.
+func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o doing) {
+	if f == nil {
+		return doing{err: fmt.Errorf("%w: nil function", ErrInvalidArgument)}
+	}
+	if err := m.LockContext(ctx); err != nil {
+		return doing{err: err}
+	}
+	st := m.state(false)
+	fctx, sc := st.openScope(ctx)
+	fctx = context.WithValue(fctx, heldKey{}, Held{Name: m.name, Key: m.key, Token: m.Token()})
+	fctx, cancel := context.WithCancel(fctx)
+	loss := m.Done()
+
+	// The watcher cancels f's context on a loss, and is gone before the
+	// release, so that the release's own closing of Done is not a loss.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var lost bool // read once the watcher is done
+	wg.Go(func() {
+		select {
+		case <-loss:
+			lost = true
+			cancel()
+		case <-stop:
+		}
+	})
+
+	defer func() {
+		close(stop)
+		wg.Wait()
+		cancel()
+		st.closeScope(sc)
+		o.lost = lost
+		o.release = m.UnlockContext(context.WithoutCancel(ctx))
+	}()
+	return doing{ran: true, err: f(fctx)}
+}
+
+// Held describes the hold of a Do or Lead, for its f: what f passes along
+// to fence its writes.
+type Held struct {
+	Name  string // the lock's name
+	Key   string // our key
+	Token int64  // the fencing token: our key's create revision
+}
+
+// IsOwner returns a comparison for a clientv3 Txn that is true only while
+// the hold lasts, as Mutex.IsOwner does.
+func (h Held) IsOwner() clientv3.Cmp { return ownerCmp(h.Key, h.Token) }
+
+type heldKey struct{}
+
+// HeldFrom returns the hold of the innermost Do or Lead whose f's context
+// ctx derives from, and false for a context outside any. The hold may have
+// ended since: check ctx.Err(), and fence with Token or IsOwner.
+func HeldFrom(ctx context.Context) (Held, bool) {
+	h, ok := ctx.Value(heldKey{}).(Held)
+	return h, ok
+}

@@ -1,0 +1,146 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+func ExampleRWMutex() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	readers, _ := etcdlock.NewSession(client)
+	defer readers.Close()
+	writers, _ := etcdlock.NewSession(client)
+	defer writers.Close()
+
+	config := etcdlock.NewRWMutex(readers, "config")
+	config.RLock() // many readers may hold at once
+	fmt.Println("reading")
+
+	w := etcdlock.NewRWMutex(writers, "config")
+	fmt.Println("writer while reading:", w.TryLock())
+	config.RUnlock()
+
+	fmt.Println("writer after the reader left:", w.TryLock())
+	w.Unlock()
+	// Output:
+	// reading
+	// writer while reading: false
+	// writer after the reader left: true
+}
+
+func ExampleSemaphore() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	s, _ := etcdlock.NewSession(client)
+	defer s.Close()
+	ctx := context.Background()
+
+	// At most 2 exports at a time, across every process.
+	exports := etcdlock.NewSemaphore(s, "exports", 2)
+	a, err := exports.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Release(ctx)
+	b, err := exports.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	if _, err := exports.TryAcquire(ctx, 0); errors.Is(err, etcdlock.ErrNoPermit) {
+		fmt.Println("third export: no permit")
+	}
+	if err := b.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	c, err := exports.TryAcquire(ctx, time.Second)
+	fmt.Println("third export after a release:", err == nil)
+	defer c.Release(ctx)
+	// Output:
+	// third export: no permit
+	// third export after a release: true
+}
+
+func ExampleMutex_Do() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	s, _ := etcdlock.NewSession(client)
+	defer s.Close()
+
+	m := etcdlock.NewMutex(s, "migrations")
+	err := m.Do(context.Background(), func(ctx context.Context) error {
+		// ctx is cancelled if the lock is lost, or about to be: stop then.
+		h, _ := etcdlock.HeldFrom(ctx)
+		fmt.Println("migrating; fencing token > 0:", h.Token > 0)
+
+		// Goroutines started here with ctx share the hold: no deadlock.
+		if err := m.LockContext(ctx); err != nil {
+			return err
+		}
+		return m.UnlockContext(ctx)
+	})
+	fmt.Println("done:", err)
+	// Output:
+	// migrating; fencing token > 0: true
+	// done: <nil>
+}
+
+func ExampleLead() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+
+	ctx, stop := context.WithCancel(context.Background())
+	// Every replica runs Lead; one at a time runs the duty. When the
+	// leader dies or is cut off, a backup takes over.
+	err := etcdlock.Lead(ctx, client, "cron/leader", func(ctx context.Context) error {
+		fmt.Println("leading")
+		stop() // a real duty runs until ctx is cancelled
+		<-ctx.Done()
+		return nil
+	}, etcdlock.WithTTL(10*time.Second), etcdlock.WithIdentity("replica-1"))
+	fmt.Println("Lead returned:", err)
+	// Output:
+	// leading
+	// Lead returned: context canceled
+}
+
+func ExampleInspect() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	ctx := context.Background()
+	a, _ := etcdlock.NewSession(client, etcdlock.WithIdentity("host-a pid 10"))
+	defer a.Close()
+	b, _ := etcdlock.NewSession(client, etcdlock.WithIdentity("host-b pid 20"))
+	defer b.Close()
+
+	held := etcdlock.NewMutex(a, "jobs/nightly")
+	held.Lock()
+	defer held.Unlock()
+	waiting, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go etcdlock.NewMutex(b, "jobs/nightly").LockContext(waiting)
+
+	for {
+		entries, err := etcdlock.Inspect(ctx, client, "jobs/nightly")
+		if err != nil {
+			log.Fatal(err)
+		}
+		if len(entries) < 2 {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		for _, e := range entries {
+			fmt.Printf("%s holds=%v %q\n", e.Kind, e.Holds, e.Identity)
+		}
+		return
+	}
+	// Output:
+	// mutex holds=true "host-a pid 10"
+	// mutex holds=false "host-b pid 20"
+}

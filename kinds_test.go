@@ -1,0 +1,172 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+// The reliability tests (the chaos test, the holder processes and the
+// checked contention test) see a lock only through a primitive, so that each
+// kind of lock of the family joins all of them with one adapter: a kind
+// below, and an entry in kinds.
+
+// A primitive takes holds of one lock for one holder.
+type primitive interface {
+	// acquire takes one hold, waiting until it is held or ctx ends. It
+	// returns the hold's fencing token; release, which ends the hold and
+	// returns nil when it was clean, ErrLockLost or ErrSessionExpired when
+	// the hold had been lost, and any other error when etcd did not confirm;
+	// the hold's loss signal; and the comparison that guards the hold's
+	// Txns. release is called once, by the goroutine that called acquire.
+	acquire(ctx context.Context) (token int64, release func(context.Context) error, done <-chan struct{}, isOwner clientv3.Cmp, err error)
+}
+
+// A kind is one kind of lock, as the reliability tests run it.
+type kind struct {
+	// limit is the number of holds the lock allows at once: 1 for an
+	// exclusive lock.
+	limit int
+	// shared tells that the holds may coexist up to limit; an exclusive
+	// hold (shared false) coexists with none.
+	shared bool
+	// make returns a primitive for one holder of the lock called name on
+	// the Session s. With wait < 0 its acquire waits as long as ctx allows;
+	// with wait ≥ 0 it waits at most wait and then returns errWaitRanOut,
+	// if the kind can (it may ignore wait).
+	make func(s *etcdlock.Session, name string, wait time.Duration) primitive
+}
+
+// kinds are the kinds of lock the reliability tests run, by name (the name
+// is how a holder process is told which to run). The chaos, process and
+// contention tests run each kind as a subtest of that name.
+var kinds = map[string]kind{
+	"mutex":       {limit: 1, make: holding(openMutex)},
+	"rwmutex-w":   {limit: 1, make: holding(openWriter)},
+	"rwmutex-r":   {limit: 0, shared: true, make: holding(openReader)},
+	"semaphore-2": {limit: 2, shared: true, make: holding(openSemaphore(2))},
+	"lead":        {limit: 1, make: leading},
+}
+
+// leading makes a kind's primitive of Lead: each hold is one term of a Lead
+// of its own, on a Session of its own with s's client and TTL.
+func leading(s *etcdlock.Session, name string, _ time.Duration) primitive {
+	return leadPrimitive{client: s.Client(), name: name, ttl: s.TTL()}
+}
+
+type leadPrimitive struct {
+	client *clientv3.Client
+	name   string
+	ttl    time.Duration
+}
+
+// A leadTerm is what Lead's f hands to acquire: its context and hold, and the
+// channel that ends it.
+type leadTerm struct {
+	ctx context.Context
+	h   etcdlock.Held
+	end chan struct{}
+}
+
+// acquire campaigns until the first term, or until ctx ends. The term ends
+// with release, which stops Lead and waits for it: Lead releases the lock
+// only once f has returned.
+func (p leadPrimitive) acquire(ctx context.Context) (int64, func(context.Context) error, <-chan struct{}, clientv3.Cmp, error) {
+	lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	terms := make(chan leadTerm, 1)
+	led := make(chan error, 1)
+	go func() {
+		led <- etcdlock.Lead(lctx, p.client, p.name, func(fctx context.Context) error {
+			h, _ := etcdlock.HeldFrom(fctx)
+			tm := leadTerm{ctx: fctx, h: h, end: make(chan struct{})}
+			terms <- tm
+			select {
+			case <-tm.end:
+			case <-fctx.Done():
+				<-tm.end // the hold is the test's until it releases it
+			}
+			return nil
+		}, etcdlock.WithTTL(p.ttl))
+	}()
+	var tm leadTerm
+	select {
+	case tm = <-terms:
+	case <-ctx.Done():
+		stop()
+		select {
+		case tm = <-terms: // a term began as ctx ended: end it
+			close(tm.end)
+		case <-led:
+			return 0, nil, nil, clientv3.Cmp{}, ctx.Err()
+		}
+		<-led
+		return 0, nil, nil, clientv3.Cmp{}, ctx.Err()
+	}
+	release := func(context.Context) error {
+		lost := tm.ctx.Err() != nil
+		stop()
+		close(tm.end)
+		<-led
+		if lost {
+			return etcdlock.ErrLockLost
+		}
+		return nil
+	}
+	return tm.h.Token, release, tm.ctx.Done(), tm.h.IsOwner(), nil
+}
+
+// holding makes a kind's primitive of a lock of the family (family_test.go).
+func holding(open func(s *etcdlock.Session, name string) famLock) func(s *etcdlock.Session, name string, wait time.Duration) primitive {
+	return func(s *etcdlock.Session, name string, wait time.Duration) primitive {
+		return famPrimitive{l: open(s, name), wait: wait}
+	}
+}
+
+// famPrimitive holds a lock of the family: Lock, or TryLock with a wait ≥ 0.
+type famPrimitive struct {
+	l    famLock
+	wait time.Duration
+}
+
+func (p famPrimitive) acquire(ctx context.Context) (int64, func(context.Context) error, <-chan struct{}, clientv3.Cmp, error) {
+	var err error
+	if p.wait >= 0 {
+		var held bool
+		held, err = p.l.TryLock(ctx, p.wait)
+		if err == nil && !held {
+			err = errWaitRanOut
+		}
+	} else {
+		err = p.l.Lock(ctx)
+	}
+	if err != nil {
+		return 0, nil, nil, clientv3.Cmp{}, err
+	}
+	return p.l.Token(), p.l.Unlock, p.l.Done(), p.l.IsOwner(), nil
+}
+
+// forEachKind runs f as a subtest for each kind, by name.
+func forEachKind(t *testing.T, f func(t *testing.T, name string)) {
+	for _, name := range slices.Sorted(maps.Keys(kinds)) {
+		t.Run(name, func(t *testing.T) { f(t, name) })
+	}
+}
+
+// releaseResult sorts the error of a primitive's release.
+func releaseResult(err error) opResult {
+	switch {
+	case err == nil:
+		return resOK
+	case errors.Is(err, etcdlock.ErrLockLost) || errors.Is(err, etcdlock.ErrSessionExpired):
+		return resLost
+	default:
+		return resUnknown
+	}
+}

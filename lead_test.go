@@ -1,0 +1,256 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
+)
+
+// A leaderLog records the terms of candidates' f, and checks the rule that
+// matters: never two f running at once.
+type leaderLog struct {
+	t *testing.T
+
+	mu      sync.Mutex
+	running map[string]int64 // candidate → token of its running f
+	terms   []term
+	changed chan struct{} // closed and replaced on every start and end
+}
+
+type term struct {
+	who        string
+	token      int64
+	start, end time.Time
+}
+
+func newLeaderLog(t *testing.T) *leaderLog {
+	return &leaderLog{t: t, running: make(map[string]int64), changed: make(chan struct{})}
+}
+
+// f returns a candidate's duty: it records its term and runs until its
+// context ends.
+func (l *leaderLog) f(who string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		h, ok := etcdlock.HeldFrom(ctx)
+		if !ok || h.Token <= 0 {
+			l.t.Errorf("%s: HeldFrom(f's context): got %+v, %v, want a token", who, h, ok)
+		}
+		l.mu.Lock()
+		for other := range l.running {
+			l.t.Errorf("%s leads (token %d) while %s's f still runs", who, h.Token, other)
+		}
+		for _, prev := range l.terms {
+			if prev.token >= h.Token {
+				l.t.Errorf("%s leads with token %d, not above %s's earlier %d", who, h.Token, prev.who, prev.token)
+			}
+		}
+		l.running[who] = h.Token
+		l.terms = append(l.terms, term{who: who, token: h.Token, start: time.Now()})
+		i := len(l.terms) - 1
+		l.notify()
+		l.mu.Unlock()
+
+		<-ctx.Done()
+
+		l.mu.Lock()
+		delete(l.running, who)
+		l.terms[i].end = time.Now()
+		l.notify()
+		l.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+func (l *leaderLog) notify() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// leader waits until some candidate other than not leads, and returns it.
+func (l *leaderLog) leader(not string) (string, term) {
+	deadline := time.After(testTimeout)
+	for {
+		l.mu.Lock()
+		for who := range l.running {
+			if who != not {
+				tm := l.terms[len(l.terms)-1]
+				l.mu.Unlock()
+				return who, tm
+			}
+		}
+		ch := l.changed
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline:
+			l.t.Fatalf("no leader other than %q after %v", not, testTimeout)
+		}
+	}
+}
+
+// ended returns when who's last term ended.
+func (l *leaderLog) ended(who string) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.terms) - 1; i >= 0; i-- {
+		if l.terms[i].who == who {
+			return l.terms[i].end
+		}
+	}
+	return time.Time{}
+}
+
+// A candidate runs Lead in a goroutine until stopped.
+type candidate struct {
+	cancel context.CancelFunc
+	result chan error
+}
+
+func campaign(ctx context.Context, client *clientv3.Client, name string, f func(context.Context) error, opts ...etcdlock.SessionOption) *candidate {
+	ctx, cancel := context.WithCancel(ctx)
+	c := &candidate{cancel: cancel, result: make(chan error, 1)}
+	go func() { c.result <- etcdlock.Lead(ctx, client, name, f, opts...) }()
+	return c
+}
+
+// stop cancels the candidate and returns Lead's result.
+func (c *candidate) stop(t *testing.T) error {
+	t.Helper()
+	c.cancel()
+	return waitErr(t, c.result)
+}
+
+// TestLead: one leader at a time, in FIFO order; cancelling the leader's
+// context cancels its f, waits for it, releases, and a backup leads; f's
+// own error ends Lead with it; bad input gets an error.
+func TestLead(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	log := newLeaderLog(t)
+	candidates := map[string]*candidate{}
+	for _, who := range []string{"a", "b", "c"} {
+		candidates[who] = campaign(ctx, client, name, log.f(who), etcdlock.WithTTL(5*time.Second), etcdlock.WithIdentity(who))
+		if who == "a" {
+			log.leader("")
+		}
+	}
+	eventually(t, "three candidates queued", func() bool { return len(lockKeys(t, client, name)) == 3 })
+	for range 2 {
+		who, _ := log.leader("")
+		if err := candidates[who].stop(t); !errors.Is(err, context.Canceled) {
+			t.Errorf("Lead of %s after its ctx was cancelled: got %v, want context.Canceled", who, err)
+		}
+		delete(candidates, who)
+		next, _ := log.leader(who)
+		t.Logf("%s stopped, %s leads", who, next)
+	}
+	for _, c := range candidates {
+		_ = c.stop(t)
+	}
+	if keys := lockKeys(t, client, name); len(keys) != 0 {
+		t.Errorf("keys after every candidate stopped: got %q, want none", keys)
+	}
+
+	boom := errors.New("boom")
+	if err := etcdlock.Lead(ctx, client, name, func(context.Context) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("Lead with f failing: got %v, want f's error", err)
+	}
+	if err := etcdlock.Lead(ctx, client, "", log.f("x")); !errors.Is(err, etcdlock.ErrInvalidName) {
+		t.Errorf("Lead with the empty name: got %v, want ErrInvalidName", err)
+	}
+	if err := etcdlock.Lead(ctx, nil, name, log.f("x")); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("Lead with a nil client: got %v, want ErrInvalidArgument", err)
+	}
+	if err := etcdlock.Lead(ctx, client, name, log.f("x"), etcdlock.WithTTL(-1)); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("Lead with a bad option: got %v, want ErrInvalidArgument", err)
+	}
+
+	// f returning nil is a term that ended: Lead campaigns again.
+	terms := make(chan int64, 3)
+	lctx, cancel := context.WithCancel(ctx)
+	err := etcdlock.Lead(lctx, client, name, func(fctx context.Context) error {
+		h, _ := etcdlock.HeldFrom(fctx)
+		terms <- h.Token
+		if len(terms) == cap(terms) {
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) || len(terms) != 3 {
+		t.Errorf("Lead with f returning nil: got %v after %d terms, want context.Canceled after 3", err, len(terms))
+	}
+}
+
+// TestLeadFailover, on a 3-member etcd cluster: a leader cut off from etcd
+// has its f cancelled before a backup's f starts; a leader whose process
+// dies is replaced within the TTL; a change of etcd's own leader never gives
+// two leaders at once.
+func TestLeadFailover(t *testing.T) {
+	cluster := etcdtest.StartCluster(t, 3)
+	ctx := testContext(t)
+	name := lockName(t)
+	const ttl = 2 * time.Second
+	log := newLeaderLog(t)
+	type node struct {
+		c     *candidate
+		proxy *etcdtest.Proxy
+		dying *clientv3.Client
+	}
+	nodes := map[string]*node{}
+	start := func(who string) {
+		pc, proxy := cluster.ProxiedClient(t)
+		nodes[who] = &node{c: campaign(ctx, pc, name, log.f(who), etcdlock.WithTTL(ttl)), proxy: proxy, dying: pc}
+	}
+	defer func() {
+		for _, n := range nodes {
+			n.proxy.Unblackhole()
+			_ = n.c.stop(t)
+		}
+	}()
+	for _, who := range []string{"a", "b", "c"} {
+		start(who)
+	}
+
+	// The leader is cut off: its f stops before the backup's starts (the
+	// leader log fails the test otherwise).
+	cut, _ := log.leader("")
+	nodes[cut].proxy.Blackhole()
+	cutAt := time.Now()
+	next, tm := log.leader(cut)
+	t.Logf("%s cut off: its f stopped %v after the cut; %s led %v after the cut",
+		cut, log.ended(cut).Sub(cutAt).Round(time.Millisecond), next, tm.start.Sub(cutAt).Round(time.Millisecond))
+	nodes[cut].proxy.Unblackhole()
+
+	// The leader's process dies: its client goes, with no revoke.
+	dead, _ := log.leader("")
+	if err := nodes[dead].dying.Close(); err != nil {
+		t.Fatal(err)
+	}
+	diedAt := time.Now()
+	next, tm = log.leader(dead)
+	took := tm.start.Sub(diedAt)
+	t.Logf("%s died; %s led %v later (TTL %v)", dead, next, took.Round(time.Millisecond), ttl)
+	if took > 2*(ttl+time.Second) {
+		t.Errorf("backup led %v after the leader died, want within TTL + 1s (%v), with slack", took, ttl+time.Second)
+	}
+	_ = nodes[dead].c.stop(t)
+	delete(nodes, dead)
+
+	// etcd's own leader is killed: still one leader at a time, and one
+	// leads after.
+	i := cluster.Leader()
+	cluster.Kill(i)
+	before, _ := log.leader("")
+	time.Sleep(2 * ttl)
+	after, _ := log.leader("")
+	t.Logf("etcd member %d killed: %s led before, %s after", i, before, after)
+	cluster.Restart(i)
+}

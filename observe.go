@@ -1,0 +1,331 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// An Observer receives what happens to the locks of a Session: acquisitions
+// and how they end, holds and how long they last, losses and why, releases,
+// and the keep-alive's round trips and margin. WithObserver and WithLogger
+// set observers; package etcdlock/prometheus turns events into metrics.
+//
+// Events are delivered in order, one at a time, by a goroutine of the
+// Session, never on the lock's own path: a slow Observer delays only the
+// events after it. Up to 1,024 events wait for it; beyond that, events are
+// dropped and counted, and an EventsDropped event says how many before the
+// next one. Delivery stops when the Session is closed, after the events
+// already queued.
+type Observer interface {
+	Observe(Event)
+}
+
+// ObserverFunc makes an Observer of a function.
+type ObserverFunc func(Event)
+
+// Observe calls f(e).
+func (f ObserverFunc) Observe(e Event) { f(e) }
+
+// An EventKind says what an Event reports.
+type EventKind string
+
+// Kinds of Event.
+const (
+	AcquireStarted EventKind = "acquire_started" // a lock call goes to etcd, or waits for a goroutine of this process
+	AcquireEnded   EventKind = "acquire_ended"   // it ended: Outcome, Wait, Contended, Token
+	HoldEnded      EventKind = "hold_ended"      // the last unlock (or a permit's release): Held
+	HoldLost       EventKind = "hold_lost"       // Done closed while held: Reason
+	Released       EventKind = "released"        // the release's delete: Err, FencedMiss
+	KeptAlive      EventKind = "kept_alive"      // a keep-alive round trip: RTT, Margin, TTL, Err
+	EventsDropped  EventKind = "events_dropped"  // Dropped events were lost: the Observer was too slow
+	SessionClosed  EventKind = "session_closed"  // Close was called: the Session's holds have ended; the last event
+)
+
+// An Outcome is how an acquisition ended.
+type Outcome string
+
+// Outcomes of AcquireEnded.
+const (
+	OutcomeAcquired Outcome = "acquired"
+	OutcomeBusy     Outcome = "busy"      // a try found the lock held
+	OutcomeTimedOut Outcome = "timed_out" // TryLockFor's or TryAcquire's wait ran out
+	OutcomeCanceled Outcome = "canceled"  // the caller's context ended
+	OutcomeError    Outcome = "error"     // any other failure: Err
+)
+
+// A LossReason is why a hold was lost.
+type LossReason string
+
+// Reasons of HoldLost.
+const (
+	LossKeyDeleted      LossReason = "key_deleted"      // our key was deleted, by hand or by its lease's revoke or expiry
+	LossKeepAliveSilent LossReason = "keepalive_silent" // no keep-alive acknowledged for 2/3 of the TTL: the lease may expire
+	LossSessionEnded    LossReason = "session_ended"    // the Session was closed, or its lease found gone
+)
+
+// An Event is one thing that happened to a lock of a Session, or to the
+// Session's lease (KeptAlive, with no lock). Fields that do not apply to
+// its Kind are zero.
+type Event struct {
+	Kind      EventKind
+	Time      time.Time        // when it happened
+	Lease     clientv3.LeaseID // the Session's lease: which Session it happened to
+	Lock      string           // the lock's name
+	Primitive string           // KindMutex, KindRead, KindWrite or KindSemaphore
+	Key       string           // our key, once known
+	Token     int64            // the hold's fencing token, once known
+
+	Outcome   Outcome       // AcquireEnded
+	Contended bool          // AcquireEnded: it had to wait for another holder
+	Wait      time.Duration // AcquireEnded: from the call to its end
+	Held      time.Duration // HoldEnded: from the acquisition to the release
+	Reason    LossReason    // HoldLost
+	Err       error         // AcquireEnded with OutcomeError, Released, KeptAlive
+	// FencedMiss: Released found the key already gone (ErrLockLost or
+	// ErrSessionExpired): the hold had been lost.
+	FencedMiss bool
+	RTT        time.Duration // KeptAlive: the renewal's round trip
+	// Margin: KeptAlive: how long the lease still had before it could
+	// expire when the renewal was answered, counted from the renewal
+	// before it. It shrinks when renewals are slow or lost.
+	Margin  time.Duration
+	TTL     time.Duration // KeptAlive: the lease's TTL, which Margin counts down from
+	Dropped int           // EventsDropped
+}
+
+// WithObserver adds o to the Session's observers (see Observer). The default
+// is none, which costs the lock path nothing but a nil check.
+func WithObserver(o Observer) SessionOption {
+	return sessionOptionFunc(func(so *sessionOptions) {
+		if o == nil {
+			so.invalid("nil Observer")
+			return
+		}
+		so.observers = append(so.observers, o)
+	})
+}
+
+// WithLogger logs the Session's events to l: losses and failed releases at
+// Warn or Error, acquisitions, holds and keep-alives at Debug, each with the
+// lock's name, key and token as attributes. Nothing is logged by default.
+// No value of a key (identities) is logged.
+func WithLogger(l *slog.Logger) SessionOption {
+	return sessionOptionFunc(func(so *sessionOptions) {
+		if l == nil {
+			so.invalid("nil Logger")
+			return
+		}
+		so.observers = append(so.observers, logObserver{l})
+	})
+}
+
+// eventBuffer is how many events may wait for slow observers.
+const eventBuffer = 1024
+
+// A dispatch hands a Session's events to its observers: a bounded queue,
+// and the goroutine that empties it, in order. A nil *dispatch (no
+// observers) reports nothing.
+type dispatch struct {
+	observers []Observer
+	lease     clientv3.LeaseID
+	events    chan Event
+	dropped   atomic.Int64
+	over      atomic.Bool // delivery has stopped: events are not queued
+	stop      chan struct{}
+	done      sync.WaitGroup
+}
+
+// newDispatch starts delivering to observers, or returns nil if there are
+// none.
+func newDispatch(observers []Observer, lease clientv3.LeaseID) *dispatch {
+	if len(observers) == 0 {
+		return nil
+	}
+	d := &dispatch{observers: observers, lease: lease, events: make(chan Event, eventBuffer), stop: make(chan struct{})}
+	d.done.Go(d.deliver)
+	return d
+}
+
+// emit queues e for the observers, never blocking: when the queue is full,
+// e is dropped and counted. After close, nothing is queued.
+func (d *dispatch) emit(e Event) {
+	if d == nil || d.over.Load() {
+		return
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	e.Lease = d.lease
+	select {
+	case d.events <- e:
+	default:
+		d.dropped.Add(1)
+	}
+}
+
+// close delivers what is queued, then SessionClosed, and stops.
+func (d *dispatch) close() {
+	if d == nil {
+		return
+	}
+	close(d.stop)
+	d.done.Wait()
+	d.over.Store(true)
+}
+
+// deliver hands the queued events to the observers until stop is closed,
+// then delivers what is still queued, and SessionClosed.
+func (d *dispatch) deliver() {
+	for {
+		select {
+		case e := <-d.events:
+			d.observe(e)
+		case <-d.stop:
+			for {
+				select {
+				case e := <-d.events:
+					d.observe(e)
+				default:
+					d.observe(Event{Kind: SessionClosed, Time: time.Now(), Lease: d.lease})
+					return
+				}
+			}
+		}
+	}
+}
+
+func (d *dispatch) observe(e Event) {
+	if n := d.dropped.Swap(0); n > 0 {
+		// Before e: the events dropped came before it.
+		drop := Event{Kind: EventsDropped, Time: e.Time, Lease: d.lease, Dropped: int(n)}
+		for _, o := range d.observers {
+			o.Observe(drop)
+		}
+	}
+	for _, o := range d.observers {
+		o.Observe(e)
+	}
+}
+
+// An acquisition reports one lock call to the observers: its start, then
+// its end.
+type acquisition struct {
+	d     *dispatch
+	start time.Time
+	e     Event
+}
+
+// startAcquire reports the start of an acquisition of the lock name, of kind
+// primitive; a no-op without observers.
+func (d *dispatch) startAcquire(primitive, name string) acquisition {
+	if d == nil {
+		return acquisition{}
+	}
+	a := acquisition{d: d, start: time.Now(), e: Event{Lock: name, Primitive: primitive}}
+	e := a.e
+	e.Kind, e.Time = AcquireStarted, a.start
+	d.emit(e)
+	return a
+}
+
+// end reports how the acquisition ended: err is the call's error; held
+// false with a nil err is a try or a wait that ran out.
+func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, err error) {
+	if a.d == nil {
+		return
+	}
+	e := a.e
+	e.Kind, e.Time = AcquireEnded, time.Now()
+	e.Wait, e.Contended = e.Time.Sub(a.start), contended
+	if t != nil && held {
+		e.Key, e.Token = t.key, t.rev
+	}
+	switch {
+	case held:
+		e.Outcome = OutcomeAcquired
+	case err == nil || errors.Is(err, ErrNoPermit):
+		e.Outcome = OutcomeTimedOut
+		if wait == tryOnly {
+			e.Outcome = OutcomeBusy
+		}
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		e.Outcome = OutcomeCanceled
+	default:
+		e.Outcome, e.Err = OutcomeError, err
+	}
+	a.d.emit(e)
+}
+
+// released reports the delete of our key in t: deleted, or found gone, or
+// failed with err.
+func (t *ticket) released(deleted bool, err error) {
+	if t.s.events != nil {
+		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Err: err, FencedMiss: err == nil && !deleted})
+	}
+}
+
+// reportEnd reports the end of hold h: its release, or its hand-off to
+// another goroutine of this process.
+func (h *hold) reportEnd() {
+	t := h.t
+	if t.s.events != nil {
+		now := time.Now()
+		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Held: now.Sub(h.since)})
+	}
+}
+
+// logObserver is the Observer of WithLogger.
+type logObserver struct{ l *slog.Logger }
+
+func (o logObserver) Observe(e Event) {
+	ctx := context.Background()
+	attrs := []slog.Attr{slog.String("lock", e.Lock), slog.String("primitive", e.Primitive)}
+	if e.Key != "" {
+		attrs = append(attrs, slog.String("key", e.Key), slog.Int64("token", e.Token))
+	}
+	switch e.Kind {
+	case AcquireStarted:
+		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: acquiring", attrs...)
+	case AcquireEnded:
+		attrs = append(attrs, slog.String("outcome", string(e.Outcome)), slog.Duration("wait", e.Wait), slog.Bool("contended", e.Contended))
+		level := slog.LevelDebug
+		if e.Outcome == OutcomeError {
+			level = slog.LevelWarn
+			attrs = append(attrs, slog.String("error", e.Err.Error()))
+		}
+		o.l.LogAttrs(ctx, level, "etcdlock: acquire ended", attrs...)
+	case HoldEnded:
+		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: hold ended", append(attrs, slog.Duration("held", e.Held))...)
+	case HoldLost:
+		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: hold lost", append(attrs, slog.String("reason", string(e.Reason)))...)
+	case Released:
+		switch {
+		case e.Err != nil:
+			o.l.LogAttrs(ctx, slog.LevelError, "etcdlock: release failed; retrying in the background", append(attrs, slog.String("error", e.Err.Error()))...)
+		case e.FencedMiss:
+			o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: released a hold already lost", attrs...)
+		default:
+			o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: released", attrs...)
+		}
+	case KeptAlive:
+		attrs = []slog.Attr{slog.Duration("rtt", e.RTT), slog.Duration("margin", e.Margin)}
+		if e.Err != nil {
+			o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: keep-alive failed", append(attrs, slog.String("error", e.Err.Error()))...)
+			return
+		}
+		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: kept alive", attrs...)
+	case EventsDropped:
+		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: events dropped: an observer is too slow", slog.Int("dropped", e.Dropped))
+	case SessionClosed:
+		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: session closed", slog.String("lease", fmt.Sprintf("%x", e.Lease)))
+	default:
+		o.l.LogAttrs(ctx, slog.LevelDebug, fmt.Sprintf("etcdlock: %s", e.Kind), attrs...)
+	}
+}

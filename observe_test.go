@@ -1,0 +1,304 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+// eventLog is an Observer that keeps every event.
+type eventLog struct {
+	mu     sync.Mutex
+	events []etcdlock.Event
+}
+
+func (l *eventLog) Observe(e etcdlock.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+// find returns the events that match.
+func (l *eventLog) find(match func(etcdlock.Event) bool) []etcdlock.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []etcdlock.Event
+	for _, e := range l.events {
+		if match(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// wait waits for an event that matches, and returns it.
+func (l *eventLog) wait(t *testing.T, what string, match func(etcdlock.Event) bool) etcdlock.Event {
+	t.Helper()
+	var found []etcdlock.Event
+	eventually(t, what, func() bool {
+		found = l.find(match)
+		return len(found) > 0
+	})
+	return found[len(found)-1]
+}
+
+func ended(lock string, o etcdlock.Outcome) func(etcdlock.Event) bool {
+	return func(e etcdlock.Event) bool {
+		return e.Kind == etcdlock.AcquireEnded && e.Lock == lock && e.Outcome == o
+	}
+}
+
+// TestObserverEvents: every kind of event, with its fields, for each
+// primitive.
+func TestObserverEvents(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	var log eventLog
+	s := newSession(t, client, etcdlock.WithObserver(&log), etcdlock.WithTTL(2*time.Second))
+	other := newSession(t, client)
+
+	t.Run("Mutex", func(t *testing.T) {
+		name := lockName(t)
+		m := etcdlock.NewMutex(s, name)
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		token := m.Token()
+		time.Sleep(10 * time.Millisecond)
+		if err := m.UnlockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e := log.wait(t, "acquired", ended(name, etcdlock.OutcomeAcquired))
+		if e.Primitive != etcdlock.KindMutex || e.Token != token || e.Key != m.Key() && e.Key == "" || e.Contended || e.Wait <= 0 {
+			t.Errorf("AcquireEnded: got %+v, want mutex, token %d, uncontended, a wait", e, token)
+		}
+		if n := len(log.find(func(e etcdlock.Event) bool { return e.Kind == etcdlock.AcquireStarted && e.Lock == name })); n != 1 {
+			t.Errorf("AcquireStarted events: got %d, want 1", n)
+		}
+		h := log.wait(t, "hold ended", func(e etcdlock.Event) bool { return e.Kind == etcdlock.HoldEnded && e.Lock == name })
+		if h.Held < 10*time.Millisecond || h.Token != token {
+			t.Errorf("HoldEnded: got %+v, want Held ≥ 10ms, token %d", h, token)
+		}
+		r := log.wait(t, "released", func(e etcdlock.Event) bool { return e.Kind == etcdlock.Released && e.Lock == name })
+		if r.Err != nil || r.FencedMiss {
+			t.Errorf("Released: got %+v, want no error, no miss", r)
+		}
+
+		// Busy, timed out, cancelled, contended.
+		holder := etcdlock.NewMutex(other, name)
+		if err := holder.LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if m.TryLock() {
+			t.Fatal("TryLock on a held lock: got true")
+		}
+		log.wait(t, "busy", ended(name, etcdlock.OutcomeBusy))
+		if ok, _ := m.TryLockFor(ctx, 50*time.Millisecond); ok {
+			t.Fatal("TryLockFor on a held lock: got true")
+		}
+		log.wait(t, "timed out", ended(name, etcdlock.OutcomeTimedOut))
+		cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		if err := m.LockContext(cctx); err == nil {
+			t.Fatal("LockContext on a held lock: got nil")
+		}
+		log.wait(t, "canceled", ended(name, etcdlock.OutcomeCanceled))
+		w := lockInGoroutine(t, ctx, ours{m})
+		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == 2 })
+		if err := holder.UnlockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitErr(t, w.locked); err != nil {
+			t.Fatal(err)
+		}
+		log.wait(t, "an acquisition after a wait, contended", func(e etcdlock.Event) bool {
+			return ended(name, etcdlock.OutcomeAcquired)(e) && e.Contended
+		})
+
+		// A loss, seen by Done's monitor, and the release of the lost hold.
+		done := m.Done()
+		if _, err := client.Delete(ctx, keyOf(name, s.Lease())); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if e := log.wait(t, "lost", func(e etcdlock.Event) bool { return e.Kind == etcdlock.HoldLost && e.Lock == name }); e.Reason != etcdlock.LossKeyDeleted {
+			t.Errorf("HoldLost: got %+v, want key_deleted", e)
+		}
+		if err := w.Release(); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Fatalf("release of the lost hold: got %v, want ErrLockLost", err)
+		}
+		log.wait(t, "fenced miss", func(e etcdlock.Event) bool { return e.Kind == etcdlock.Released && e.Lock == name && e.FencedMiss })
+	})
+
+	t.Run("RWMutex and Semaphore", func(t *testing.T) {
+		name := lockName(t)
+		rw := etcdlock.NewRWMutex(s, name)
+		rw.RLock()
+		if rw.HoldCount() != 1 {
+			t.Errorf("HoldCount after RLock: got %d, want 1", rw.HoldCount())
+		}
+		rw.RUnlock()
+		rw.Lock()
+		if rw.HoldCount() != 1 {
+			t.Errorf("HoldCount after Lock: got %d, want 1", rw.HoldCount())
+		}
+		rw.Unlock()
+		p, err := etcdlock.NewSemaphore(s, name+"-sem", 2).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for lock, kind := range map[string]string{name: etcdlock.KindRead, name + " ": etcdlock.KindWrite, name + "-sem": etcdlock.KindSemaphore} {
+			lock = strings.TrimSpace(lock)
+			log.wait(t, kind+" acquired", func(e etcdlock.Event) bool {
+				return e.Kind == etcdlock.AcquireEnded && e.Lock == lock && e.Primitive == kind && e.Outcome == etcdlock.OutcomeAcquired
+			})
+			log.wait(t, kind+" released", func(e etcdlock.Event) bool {
+				return e.Kind == etcdlock.HoldEnded && e.Lock == lock && e.Primitive == kind
+			})
+		}
+	})
+
+	t.Run("keep-alive", func(t *testing.T) {
+		e := log.wait(t, "a keep-alive", func(e etcdlock.Event) bool { return e.Kind == etcdlock.KeptAlive })
+		if e.Err != nil || e.RTT <= 0 || e.Margin <= 0 || e.Margin > 2*time.Second {
+			t.Errorf("KeptAlive: got %+v, want a round trip and a margin in (0, TTL]", e)
+		}
+	})
+}
+
+// blockingObserver blocks in Observe until released.
+type blockingObserver struct {
+	release chan struct{}
+	log     eventLog
+}
+
+func (o *blockingObserver) Observe(e etcdlock.Event) {
+	<-o.release
+	o.log.Observe(e)
+}
+
+// TestObserverNeverBlocks: an Observer that does not return delays no lock
+// call; the events it could not take are dropped, and counted.
+func TestObserverNeverBlocks(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	o := &blockingObserver{release: make(chan struct{})}
+	s := newSession(t, client, etcdlock.WithObserver(o))
+	m := etcdlock.NewMutex(s, lockName(t))
+	const pairs = 400 // 4 events each: more than the 1,024 the queue keeps
+	for range pairs {
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.UnlockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(o.release)
+	if err := s.Close(); err != nil { // delivers what is queued
+		t.Fatal(err)
+	}
+	dropped := 0
+	for _, e := range o.log.find(func(e etcdlock.Event) bool { return e.Kind == etcdlock.EventsDropped }) {
+		dropped += e.Dropped
+	}
+	got := len(o.log.find(func(e etcdlock.Event) bool {
+		return e.Kind != etcdlock.EventsDropped && e.Kind != etcdlock.KeptAlive && e.Kind != etcdlock.SessionClosed
+	}))
+	if dropped <= 0 || got+dropped != 4*pairs {
+		t.Errorf("events delivered %d + dropped %d: want %d in all, some dropped", got, dropped, 4*pairs)
+	}
+	t.Logf("%d lock/unlock pairs with a stuck observer: %d events delivered, %d dropped", pairs, got, dropped)
+}
+
+// recordHandler is a slog.Handler that keeps every record.
+type recordHandler struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r)
+	return nil
+}
+func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordHandler) WithGroup(string) slog.Handler      { return h }
+
+// find returns the records with msg, rendered with their attributes.
+func (h *recordHandler) find(msg string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, r := range h.records {
+		if !strings.Contains(r.Message, msg) {
+			continue
+		}
+		line := fmt.Sprintf("%s %s", r.Level, r.Message)
+		r.Attrs(func(a slog.Attr) bool {
+			line += " " + a.String()
+			return true
+		})
+		out = append(out, line)
+	}
+	return out
+}
+
+// TestWithLogger: a loss logs at Warn with the lock's name, key and token;
+// acquisitions at Debug; the Session's identity is never logged.
+func TestWithLogger(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	var h recordHandler
+	s := newSession(t, client, etcdlock.WithLogger(slog.New(&h)), etcdlock.WithIdentity("host-a secret-looking"))
+	name := lockName(t)
+	m := etcdlock.NewMutex(s, name)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := m.Done()
+	if _, err := client.Delete(ctx, m.Key()); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("unlock of the lost hold: got %v, want ErrLockLost", err)
+	}
+	var lost []string
+	eventually(t, "the loss logged", func() bool { lost = h.find("hold lost"); return len(lost) == 1 })
+	want := fmt.Sprintf("WARN etcdlock: hold lost lock=%s primitive=mutex key=%s/%x token=", name, name, s.Lease())
+	if !strings.HasPrefix(lost[0], want) || !strings.HasSuffix(lost[0], "reason=key_deleted") {
+		t.Errorf("log of the loss: got %q, want %q…reason=key_deleted", lost[0], want)
+	}
+	var got []string
+	eventually(t, "the release logged", func() bool { got = h.find("already lost"); return len(got) == 1 })
+	if !strings.HasPrefix(got[0], "WARN") {
+		t.Errorf("log of the release of a lost hold: got %q, want it at WARN", got)
+	}
+	if got := h.find("acquire ended"); len(got) != 1 || !strings.HasPrefix(got[0], "DEBUG") {
+		t.Errorf("log of the acquisition: got %q, want one at DEBUG", got)
+	}
+	for _, line := range h.find("") {
+		if strings.Contains(line, "secret-looking") {
+			t.Errorf("the identity was logged: %q", line)
+		}
+	}
+	if _, err := etcdlock.NewSession(client, etcdlock.WithLogger(nil)); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("WithLogger(nil): got %v, want ErrInvalidArgument", err)
+	}
+	if _, err := etcdlock.NewSession(client, etcdlock.WithObserver(nil)); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("WithObserver(nil): got %v, want ErrInvalidArgument", err)
+	}
+}

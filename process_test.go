@@ -1,0 +1,825 @@
+package etcdlock_test
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
+)
+
+// The process test runs holders as separate OS processes: this test binary,
+// run again with holderEnv set (TestMain calls holderMain). Each holder has
+// its own client, through a proxy of its own, to a 3-member cluster; it
+// loops: take the lock, read the register (a key in etcd) in a Txn guarded
+// by IsOwner, write it plus one the same way, release. It reports every
+// operation, with its times, on its standard output.
+//
+// Meanwhile the test SIGKILLs holders (and starts new ones), freezes them
+// with SIGSTOP for TTL + 1.5 s and then SIGCONT (at any moment, or just
+// before a write: the holder stops there and the test freezes it), cuts a
+// holder off from etcd for as long, just before a write (its proxy stops
+// forwarding, the write waits in it, TCP connections stay open, as in a
+// partition), and stops or kills the leader. One fault at a time: a new
+// leader renews every lease for a full TTL, which would let a cut-off
+// holder keep its hold.
+//
+// Checks: the history of every holder is linearizable for the fenced
+// register model; every acknowledged write survives; no two holds that both
+// ended with a clean release were held at once; the lock is taken again
+// after every fault; no key or lease is left once the holders have exited
+// and a TTL has passed. For each cut-off, the margin from the holder's Done
+// closing to the next acquisition is measured; for each freeze, how soon
+// after SIGCONT its Done closes (it cannot close before).
+//
+// ETCDLOCK_PROCESS_LONG=1 runs the faults for 10 minutes instead of 20 s.
+
+// holderEnv carries a holder process's configuration (JSON).
+const holderEnv = "ETCDLOCK_TEST_HOLDER"
+
+// holderConfig configures a holder process.
+type holderConfig struct {
+	Endpoints []string      `json:"endpoints"`
+	Kind      string        `json:"kind"`
+	Lock      string        `json:"lock"`
+	Register  string        `json:"register"`
+	TTL       time.Duration `json:"ttl"`
+	ID        int           `json:"id"`
+	Seed      uint64        `json:"seed"`
+}
+
+// holderLine is one line a holder process writes: one field set.
+type holderLine struct {
+	Op      *historyOp `json:"op,omitempty"`      // an operation returned
+	Call    *historyOp `json:"call,omitempty"`    // a write is sent
+	Done    int64      `json:"done,omitempty"`    // the Done of the hold with this token closed
+	Ack     int64      `json:"ack,omitempty"`     // a keep-alive acknowledgement of the Session's lease arrived
+	Ended   int64      `json:"ended,omitempty"`   // the Session of this lease ended (its Done closed)
+	Waiting int64      `json:"waiting,omitempty"` // the hold with this token waits before its write, for "go" on stdin
+	Skip    int64      `json:"skip,omitempty"`    // the hold with this token skipped its write: Done had closed
+	Error   string     `json:"error,omitempty"`   // the holder cannot go on
+	At      int64      `json:"at,omitempty"`      // when (Unix ns)
+}
+
+// holderMain runs the holder process when holderEnv is set, and then exits;
+// otherwise it returns at once.
+func holderMain() {
+	cfg := os.Getenv(holderEnv)
+	if cfg == "" {
+		return
+	}
+	out := &lineWriter{w: os.Stdout}
+	if err := runHolder(cfg, out, os.Stdin); err != nil {
+		out.write(holderLine{Error: err.Error(), At: now()})
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// lineWriter writes a holder's lines, one at a time.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) write(line holderLine) {
+	b, _ := json.Marshal(line)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = l.w.Write(append(b, '\n'))
+}
+
+func (l *lineWriter) called(op historyOp)   { l.write(holderLine{Call: &op}) }
+func (l *lineWriter) returned(op historyOp) { l.write(holderLine{Op: &op}) }
+
+// runHolder is a holder process: it takes holds until its standard input
+// closes. "stop" on stdin makes it stop before its next write, write a
+// Waiting line, and wait for "go".
+func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
+	var cfg holderConfig
+	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
+		return err
+	}
+	k, ok := kinds[cfg.Kind]
+	if !ok {
+		return fmt.Errorf("kind %q: not one of the kinds", cfg.Kind)
+	}
+	client, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var stopAtWrite atomic.Bool
+	resume := make(chan struct{}, 1)
+	go func() { // ends with stdin, which the test closes, or with the process
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			switch sc.Text() {
+			case "stop":
+				stopAtWrite.Store(true)
+			case "go":
+				resume <- struct{}{}
+			}
+		}
+		stop()
+	}()
+
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.ID)))
+	reg := &register{client: client, key: cfg.Register, lock: cfg.Lock, kind: k, fenced: true, id: cfg.ID, sink: out}
+	var s *etcdlock.Session
+	var bg sync.WaitGroup // the watchers of acks and of each hold's Done
+	defer bg.Wait()
+	stopAcks := func() {}
+	endSession := func() {
+		if s != nil {
+			_ = s.Close()
+			stopAcks()
+			s = nil
+		}
+	}
+	defer endSession()
+	for ctx.Err() == nil {
+		if s == nil || isClosed(s.Done()) {
+			endSession()
+			if s, err = etcdlock.NewSession(client, etcdlock.WithTTL(cfg.TTL)); err != nil {
+				s = nil
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			actx, cancel := context.WithCancel(ctx)
+			stopAcks = cancel
+			lease, sd := s.Lease(), s.Done()
+			bg.Go(func() {
+				<-sd // closed by endSession at the latest
+				out.write(holderLine{Ended: int64(lease), At: now()})
+			})
+			if acks, err := client.KeepAlive(actx, lease); err == nil {
+				bg.Go(func() {
+					for range acks {
+						out.write(holderLine{Ack: int64(lease), At: now()})
+					}
+				})
+			}
+		}
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		h, err := reg.acquire(lctx, k.make(s, cfg.Lock, -1))
+		cancel()
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		bg.Go(func() {
+			<-h.done // closed, at the latest, by the release
+			out.write(holderLine{Done: h.token, At: now()})
+		})
+		if err := holderCritical(ctx, reg, h, rng, &stopAtWrite, resume, out); err != nil {
+			return err
+		}
+		_, _ = reg.release(ctx, h)
+	}
+	return nil
+}
+
+// holderCritical reads the register, waits a little and writes it plus
+// one, retrying a write that etcd did not answer (a retry writes the same
+// value, under a new id) for up to testTimeout.
+func holderCritical(ctx context.Context, reg *register, h *hold, rng *rand.Rand, stopAtWrite *atomic.Bool, resume <-chan struct{}, out *lineWriter) error {
+	v, res, first, err := reg.read(ctx, h)
+	if err != nil {
+		return err
+	}
+	if res != resOK {
+		return nil
+	}
+	if !first {
+		return fmt.Errorf("hold %d: its key is not the oldest of the lock", h.token)
+	}
+	time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+	if isClosed(h.done) {
+		out.write(holderLine{Skip: h.token, At: now()})
+		return nil
+	}
+	if stopAtWrite.CompareAndSwap(true, false) {
+		// The worst moment to be cut off or frozen: Done was checked, the
+		// write is next.
+		out.write(holderLine{Waiting: h.token, At: now()})
+		select {
+		case <-resume:
+		case <-ctx.Done():
+		}
+	}
+	deadline := time.Now().Add(testTimeout)
+	for {
+		if _, res := reg.write(context.WithoutCancel(ctx), h, v+1); res != resUnknown || time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// processConfig sizes a run of the process test.
+type processConfig struct {
+	kind    string
+	holders int
+	ttl     time.Duration
+	faults  time.Duration
+	gap     time.Duration // between two faults
+}
+
+func TestProcessChaos(t *testing.T) { forEachKind(t, testProcessChaos) }
+
+func testProcessChaos(t *testing.T, kind string) {
+	cfg := processConfig{kind: kind, holders: 3, ttl: 2 * time.Second, faults: 8 * time.Second, gap: time.Second}
+	if os.Getenv("ETCDLOCK_PROCESS_LONG") == "1" {
+		cfg.faults = 10 * time.Minute
+	}
+	runProcessChaos(t, cfg)
+}
+
+// holderProc is one holder process, as the test sees it.
+type holderProc struct {
+	id      int
+	slot    int // its proxy's
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	stderr  *syncBuffer
+	waiting chan int64     // the tokens of its Waiting lines
+	exited  chan struct{}  // closed once it has exited and its output is read
+	err     error          // of Wait, once exited
+	killed  bool           // by the test
+	acks    []time.Time    // its keep-alive acknowledgements; guarded by processRun.mu
+	ended   []time.Time    // when its Sessions ended; guarded by processRun.mu
+	holds   map[int64]bool // tokens it acquired; guarded by processRun.mu
+}
+
+// syncBuffer is a bytes.Buffer safe for the writer goroutine of exec.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// processRun is the state of one run of the process test.
+type processRun struct {
+	t        *testing.T
+	cfg      processConfig
+	cluster  *etcdtest.Cluster
+	proxies  []*etcdtest.Proxy
+	name     string
+	register string
+	seed     uint64
+	readers  sync.WaitGroup
+
+	mu        sync.Mutex
+	procs     []*holderProc
+	ops       []historyOp
+	calls     map[string]historyOp // writes sent, by id, until they return
+	holding   map[*holderProc]int64
+	dones     map[int64]time.Time // token → its Done closed
+	skips     int
+	stopping  bool // the holders were asked to exit
+	lineError error
+}
+
+// processFault is one fault of the run.
+type processFault struct {
+	kind    string
+	proc    *holderProc // the holder it hit, if any
+	token   int64       // the hold it hit, if known
+	at, end time.Time
+}
+
+func runProcessChaos(t *testing.T, cfg processConfig) {
+	c := etcdtest.StartCluster(t, 3)
+	observer := c.Client(t)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := &processRun{t: t, cfg: cfg, cluster: c, name: lockName(t), register: lockName(t) + "-register", seed: seed,
+		calls: make(map[string]historyOp), holding: make(map[*holderProc]int64), dones: make(map[int64]time.Time)}
+	resp, err := observer.Put(testContext(t), r.register, registerValue(0, "init"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRev := resp.Header.Revision
+	var deleted deletions
+	wctx, stopWatch := context.WithCancel(context.Background())
+	var watching sync.WaitGroup
+	watching.Go(func() { deleted.watch(wctx, observer, r.name+"/", startRev) })
+	defer func() {
+		stopWatch()
+		watching.Wait()
+	}()
+	t.Cleanup(r.killAll) // if the test ends early
+	for i := range cfg.holders {
+		_, proxy := c.ProxiedClient(t)
+		r.proxies = append(r.proxies, proxy)
+		r.start(i)
+	}
+	eventually(t, "every holder's first hold", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, p := range r.procs {
+			if len(p.holds) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	rng := rand.New(rand.NewPCG(seed, 1<<32))
+	rotation := []string{"partition", "freeze at write", "holder kill", "leader kill", "freeze", "leader stop"}
+	var faults []*processFault
+	began := time.Now()
+	for i := 0; time.Since(began) < cfg.faults; i++ {
+		if err := r.failure(); err != nil {
+			t.Fatal(err)
+		}
+		f := r.inject(rotation[i%len(rotation)], rng)
+		faults = append(faults, f)
+		time.Sleep(cfg.gap/2 + time.Duration(rng.Int64N(int64(cfg.gap))))
+	}
+	ended := time.Now()
+	// The lock is taken again after the last fault before the holders stop.
+	last := faults[len(faults)-1]
+	eventually(t, "an acquisition after the last fault", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return slices.ContainsFunc(r.ops, func(op historyOp) bool {
+			return op.Kind == opAcquire && op.Return > last.at.UnixNano() && (last.proc == nil || op.Client != last.proc.id)
+		})
+	})
+	r.stopAll()
+	if err := r.failure(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing left: the holders closed their Sessions, and the leases of
+	// the killed ones expire within their TTL.
+	left := func() (int, int) {
+		lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		leases, err := observer.Leases(lctx)
+		if err != nil {
+			return -1, -1
+		}
+		return len(lockKeys(t, observer, r.name)), len(leases.Leases)
+	}
+	deadline := time.Now().Add(2*cfg.ttl + testTimeout)
+	keysLeft, leasesLeft := left()
+	for (keysLeft != 0 || leasesLeft != 0) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		keysLeft, leasesLeft = left()
+	}
+	if keysLeft != 0 || leasesLeft != 0 {
+		t.Errorf("after every holder exited and its TTL passed: got %d keys and %d leases, want 0 and 0", keysLeft, leasesLeft)
+	}
+
+	// The history.
+	hctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	puts, err := registerHistory(hctx, observer, r.register, startRev)
+	if err != nil {
+		t.Fatalf("the register's history: %v", err)
+	}
+	r.mu.Lock()
+	ops := slices.Clone(r.ops)
+	for _, op := range r.calls { // sent, never returned: the holder was killed
+		op.Result, op.Return = resUnknown, math.MaxInt64
+		ops = append(ops, op)
+	}
+	r.mu.Unlock()
+	revOf := make(map[string]int64, len(puts))
+	for _, p := range puts {
+		revOf[p.id] = p.rev
+	}
+	var ackedRevs []int64
+	acked := 0
+	for _, op := range ops {
+		if op.Kind == opWrite && op.Result == resOK {
+			acked++
+			ackedRevs = append(ackedRevs, revOf[op.ID])
+		}
+	}
+	slices.Sort(ackedRevs)
+	lost, err := lostAcked(puts, ackedRevs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked, applied, dropped := resolve(ops, puts)
+	overlaps := 0
+	if !kinds[cfg.kind].shared {
+		overlaps = cleanOverlaps(checked)
+	}
+	history := checkHistory(t, checked, false, porcupine.Ok, max(time.Minute, cfg.faults))
+
+	// Recovery and the early warning.
+	var acqTimes []time.Time
+	type acq struct {
+		at   time.Time
+		proc int
+	}
+	var acqs []acq
+	for _, op := range checked {
+		if op.Kind == opAcquire {
+			acqs = append(acqs, acq{time.Unix(0, op.Return), op.Client})
+		}
+	}
+	slices.SortFunc(acqs, func(a, b acq) int { return a.at.Compare(b.at) })
+	for _, a := range acqs {
+		acqTimes = append(acqTimes, a.at)
+	}
+	nextBy := func(at time.Time, notProc int) time.Time {
+		i, _ := slices.BinarySearchFunc(acqs, at, func(a acq, t time.Time) int { return a.at.Compare(t) })
+		for ; i < len(acqs); i++ {
+			if acqs[i].proc != notProc {
+				return acqs[i].at
+			}
+		}
+		return time.Time{}
+	}
+	recovery := map[string][]time.Duration{}
+	var ws []warning
+	var windows []faultWindow
+	staleWrites := map[string][3]int{} // kind → writes of the hit hold after the fault: refused, acknowledged, unanswered
+	resumeToDone := map[string][]time.Duration{}
+	var kindsSeen []string
+	for _, f := range faults {
+		if _, ok := recovery[f.kind]; !ok {
+			kindsSeen = append(kindsSeen, f.kind)
+		}
+		notProc := -1
+		if f.proc != nil {
+			notProc = f.proc.id
+		}
+		next := nextBy(f.at, notProc)
+		if next.IsZero() {
+			t.Errorf("%s at %v: no acquisition after it", f.kind, f.at.Sub(began).Round(time.Millisecond))
+		} else {
+			recovery[f.kind] = append(recovery[f.kind], next.Sub(f.at))
+		}
+		windows = append(windows, faultWindow{Kind: f.kind, From: f.at.Sub(began).Seconds(), To: f.end.Sub(began).Seconds()})
+		if f.token == 0 || f.kind == "holder kill" || releasedBefore(checked, f.token, f.at) {
+			continue // no hold was hit
+		}
+		r.mu.Lock()
+		done := r.dones[f.token]
+		var lastAck, sessionEnd time.Time
+		if i, _ := slices.BinarySearchFunc(f.proc.acks, f.at, time.Time.Compare); i > 0 {
+			lastAck = f.proc.acks[i-1]
+		}
+		if i, _ := slices.BinarySearchFunc(f.proc.ended, f.at, time.Time.Compare); i < len(f.proc.ended) && f.proc.ended[i].Before(f.end) {
+			sessionEnd = f.proc.ended[i]
+		}
+		r.mu.Unlock()
+		if f.kind == "partition" {
+			ws = append(ws, warning{kind: f.kind, token: f.token, cut: f.at, lastAck: lastAck, done: done, sessionEnd: sessionEnd,
+				deleted: deleted.of(f.token), next: next})
+		} else if done.After(f.at) {
+			// A frozen process cannot see its Done close before it runs again.
+			resumeToDone[f.kind] = append(resumeToDone[f.kind], done.Sub(f.end))
+		}
+		sw := staleWrites[f.kind]
+		for _, op := range checked {
+			if op.Kind == opWrite && op.Token == f.token && op.Call >= f.at.UnixNano() {
+				sw[min(int(op.Result), 2)]++ // ok, rejected, unknown → 0, 1, 2
+			}
+		}
+		staleWrites[f.kind] = sw
+	}
+
+	row := func(what string, v any) { t.Logf("  %-62s %v", what, v) }
+	t.Logf("process chaos, %d %s holders, TTL %v: %v of faults", cfg.holders, cfg.kind, cfg.ttl, ended.Sub(began).Round(time.Second))
+	r.mu.Lock()
+	row("holder processes started / killed", fmt.Sprintf("%d / %d", len(r.procs), countKilled(r.procs)))
+	skips := r.skips
+	r.mu.Unlock()
+	row("acquisitions", len(acqs))
+	row("acknowledged writes / lost", fmt.Sprintf("%d / %d", acked, lost))
+	row("writes skipped because Done had closed", skips)
+	row("overlaps of two holds that both released cleanly", overlaps)
+	row("history: operations checked / unanswered: writes applied, others dropped", fmt.Sprintf("%d / %d, %d", len(checked), applied, dropped))
+	row("history, fenced register model (porcupine)", history)
+	for _, k := range kindsSeen {
+		row(fmt.Sprintf("%s (%d) → next acquisition by another: min / median / max", k, len(recovery[k])), spread(recovery[k]))
+	}
+	for _, k := range kindsSeen {
+		if sw, ok := staleWrites[k]; ok {
+			row(fmt.Sprintf("%s: later writes of the hit hold: acknowledged / refused / unanswered", k), fmt.Sprintf("%d / %d / %d", sw[0], sw[1], sw[2]))
+		}
+	}
+	for _, k := range kindsSeen {
+		if d, ok := resumeToDone[k]; ok {
+			row(fmt.Sprintf("%s: SIGCONT → Done closed (of holds whose Done was open when frozen)", k), spread(d))
+		}
+	}
+	row("keys / leases left", fmt.Sprintf("%d / %d", keysLeft, leasesLeft))
+	t.Log("early warning:")
+	logWarnings(t, ws)
+	writeTimeline(t, newTimeline(fmt.Sprintf("Process chaos test: %d %s holder processes, TTL %v, 3 etcd members; acquisitions per second",
+		cfg.holders, cfg.kind, cfg.ttl), began, ended, acqTimes, windows))
+
+	if history != porcupine.Ok {
+		t.Errorf("history, fenced register model: got %s, want %s", history, porcupine.Ok)
+	}
+	if lost != 0 {
+		t.Errorf("acknowledged writes lost: got %d, want 0", lost)
+	}
+	if overlaps != 0 {
+		t.Errorf("pairs of holds held at once that both released cleanly: got %d, want 0", overlaps)
+	}
+	for _, k := range kindsSeen {
+		if len(recovery[k]) == 0 {
+			continue
+		}
+		if m := slices.Max(recovery[k]); m > testTimeout {
+			t.Errorf("%s: next acquisition after %v, want ≤ %v", k, m, testTimeout)
+		}
+	}
+}
+
+func countKilled(procs []*holderProc) int {
+	n := 0
+	for _, p := range procs {
+		if p.killed {
+			n++
+		}
+	}
+	return n
+}
+
+// start starts holder process number len(r.procs) behind proxy slot.
+func (r *processRun) start(slot int) *holderProc {
+	t := r.t
+	r.mu.Lock()
+	id := len(r.procs)
+	r.mu.Unlock()
+	cfg, _ := json.Marshal(holderConfig{Endpoints: r.proxies[slot].Endpoints(), Kind: r.cfg.kind, Lock: r.name,
+		Register: r.register, TTL: r.cfg.ttl, ID: id, Seed: r.seed})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holderEnv+"="+string(cfg))
+	p := &holderProc{id: id, slot: slot, cmd: cmd, stderr: &syncBuffer{}, waiting: make(chan int64, 1),
+		exited: make(chan struct{}), holds: make(map[int64]bool)}
+	cmd.Stderr = p.stderr
+	var inErr error
+	p.stdin, inErr = cmd.StdinPipe()
+	stdout, outErr := cmd.StdoutPipe()
+	if err := errors.Join(inErr, outErr); err != nil {
+		t.Fatalf("holder %d: pipes: %v", id, err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("holder %d: start: %v", id, err)
+	}
+	r.mu.Lock()
+	r.procs = append(r.procs, p)
+	r.mu.Unlock()
+	r.readers.Go(func() {
+		defer close(p.exited)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			r.line(p, sc.Bytes())
+		}
+		p.err = cmd.Wait()
+	})
+	return p
+}
+
+// line takes in one line of holder p.
+func (r *processRun) line(p *holderProc, b []byte) {
+	var l holderLine
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := json.Unmarshal(b, &l); err != nil {
+		r.lineError = cmp.Or(r.lineError, fmt.Errorf("holder %d: line %q: %w", p.id, b, err))
+		return
+	}
+	switch {
+	case l.Call != nil:
+		r.calls[l.Call.ID] = *l.Call
+	case l.Op != nil:
+		op := *l.Op
+		r.ops = append(r.ops, op)
+		switch op.Kind {
+		case opWrite:
+			delete(r.calls, op.ID)
+		case opAcquire:
+			r.holding[p] = op.Token
+			p.holds[op.Token] = true
+		case opRelease:
+			delete(r.holding, p)
+		}
+	case l.Done != 0:
+		if _, ok := r.dones[l.Done]; !ok {
+			r.dones[l.Done] = time.Unix(0, l.At)
+		}
+	case l.Ack != 0:
+		p.acks = append(p.acks, time.Unix(0, l.At))
+	case l.Ended != 0:
+		p.ended = append(p.ended, time.Unix(0, l.At))
+	case l.Waiting != 0:
+		select {
+		case p.waiting <- l.Waiting:
+		default:
+		}
+	case l.Skip != 0:
+		r.skips++
+	case l.Error != "":
+		r.lineError = cmp.Or(r.lineError, fmt.Errorf("holder %d: %s", p.id, l.Error))
+	}
+}
+
+// failure returns the first error a holder reported, or the exit of a
+// holder the test did not kill.
+func (r *processRun) failure() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lineError != nil {
+		return r.lineError
+	}
+	for _, p := range r.procs {
+		select {
+		case <-p.exited:
+			if !p.killed && (!r.stopping || p.err != nil) {
+				return fmt.Errorf("holder %d exited: %v; its stderr:\n%s", p.id, p.err, p.stderr.String())
+			}
+		default:
+		}
+	}
+	return nil
+}
+
+// target returns the holder that holds the lock now (by its reports), and
+// its token; a live holder at random when none does.
+func (r *processRun) target(rng *rand.Rand) (*holderProc, int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var live []*holderProc
+	for _, p := range r.procs {
+		if !p.killed {
+			live = append(live, p)
+		}
+	}
+	slices.SortFunc(live, func(a, b *holderProc) int { return cmp.Compare(r.holding[b], r.holding[a]) })
+	if r.holding[live[0]] != 0 {
+		return live[0], r.holding[live[0]]
+	}
+	return live[rng.IntN(len(live))], 0
+}
+
+// inject makes one fault and returns once it is over (a holder kill is
+// over at once; its replacement starts).
+func (r *processRun) inject(kind string, rng *rand.Rand) *processFault {
+	t, c := r.t, r.cluster
+	cut := r.cfg.ttl + 1500*time.Millisecond
+	f := &processFault{kind: kind}
+	switch kind {
+	case "leader kill", "leader stop":
+		lead := c.Leader()
+		if lead < 0 {
+			t.Fatal("no leader")
+		}
+		f.at = time.Now()
+		if kind == "leader kill" {
+			c.Kill(lead)
+		} else {
+			c.Stop(lead)
+		}
+		time.Sleep(500*time.Millisecond + time.Duration(rng.Int64N(int64(time.Second))))
+		c.Restart(lead)
+		f.end = time.Now()
+		if c.Leader() < 0 {
+			t.Fatal("no leader after a restart")
+		}
+	case "holder kill":
+		f.proc, f.token = r.target(rng)
+		f.at = time.Now()
+		r.mu.Lock()
+		f.proc.killed = true
+		r.mu.Unlock()
+		_ = f.proc.cmd.Process.Signal(syscall.SIGKILL)
+		f.end = f.at.Add(r.cfg.ttl)
+		r.start(f.proc.slot)
+	case "partition":
+		// Cut off just before a write: it waits in the proxy.
+		f.proc, f.token = r.atWrite(rng)
+		f.at = time.Now()
+		r.proxies[f.proc.slot].Pause()
+		_, _ = io.WriteString(f.proc.stdin, "go\n")
+		time.Sleep(cut)
+		r.proxies[f.proc.slot].Unpause()
+		f.end = time.Now()
+	case "freeze", "freeze at write":
+		if kind == "freeze" {
+			f.proc, f.token = r.target(rng) // at whatever it is doing
+		} else {
+			f.proc, f.token = r.atWrite(rng)
+		}
+		f.at = time.Now()
+		_ = f.proc.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(cut)
+		_ = f.proc.cmd.Process.Signal(syscall.SIGCONT)
+		f.end = time.Now()
+		if kind == "freeze at write" {
+			_, _ = io.WriteString(f.proc.stdin, "go\n")
+		}
+	}
+	return f
+}
+
+// atWrite has a holder stop at the worst moment, after its hold's Done
+// check and before its write, and returns it and its token once it is
+// there; it waits for "go".
+func (r *processRun) atWrite(rng *rand.Rand) (*holderProc, int64) {
+	p, _ := r.target(rng)
+	_, _ = io.WriteString(p.stdin, "stop\n")
+	select {
+	case token := <-p.waiting:
+		return p, token
+	case <-time.After(testTimeout):
+		r.t.Fatalf("holder %d: no hold reached its write in %v", p.id, testTimeout)
+		return nil, 0
+	}
+}
+
+// stopAll asks every holder to finish (its stdin closes) and waits for it,
+// killing one that does not exit within testTimeout.
+func (r *processRun) stopAll() {
+	r.mu.Lock()
+	procs := slices.Clone(r.procs)
+	r.stopping = true
+	r.mu.Unlock()
+	for _, p := range procs {
+		_ = p.stdin.Close()
+	}
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+		case <-time.After(testTimeout):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+			r.mu.Lock()
+			r.lineError = cmp.Or(r.lineError, fmt.Errorf("holder %d did not exit within %v of its stdin closing", p.id, testTimeout))
+			r.mu.Unlock()
+		}
+	}
+	r.readers.Wait()
+}
+
+// killAll kills the holders still running and waits for them: the cleanup
+// of a test that ended early.
+func (r *processRun) killAll() {
+	r.mu.Lock()
+	procs := slices.Clone(r.procs)
+	r.mu.Unlock()
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+			_ = p.cmd.Process.Kill()
+		}
+	}
+	r.readers.Wait()
+}
+
+// releasedBefore reports whether the hold with token was released before
+// at: the holder was hit after its hold.
+func releasedBefore(ops []historyOp, token int64, at time.Time) bool {
+	return slices.ContainsFunc(ops, func(op historyOp) bool {
+		return op.Kind == opRelease && op.Token == token && op.Call < at.UnixNano()
+	})
+}

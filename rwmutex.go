@@ -1,0 +1,279 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// An RWMutex is a distributed reader/writer lock on etcd: many readers or
+// one writer at a time, in FIFO order.
+//
+// It uses the keys of etcd's recipe RWMutex
+// (go.etcd.io/etcd/client/v3/experimental/recipes): name/read/<id> for a
+// reader and name/write/<id> for a writer, each with the Session's lease,
+// ordered by create revision. A reader waits only for the newest writer
+// queued before it; a writer waits for every key queued before it. So a
+// reader that arrives after a queued writer waits behind it: writers are
+// never starved by a stream of readers. A recipe RWMutex on the same name
+// excludes and is excluded as it would be by another recipe RWMutex. An
+// RWMutex and a Mutex of the same name are two different locks.
+//
+// Holds belong to goroutines and are reentrant, as for Mutex: the goroutine
+// that holds the write lock may lock again, and may RLock (a local hold, no
+// key); a goroutine that holds a read lock may RLock again, but asking for
+// the write lock gets ErrWouldDeadlock (there is no upgrade). Every other
+// goroutine, of this process or another, queues in etcd with a key of its
+// own.
+//
+// Token, IsOwner and Done describe this process's current hold: the write
+// hold if there is one, else the oldest read hold. Readers hold together, so
+// a read hold's token fences writes only against later writers.
+//
+// The zero RWMutex is not usable; make one with NewRWMutex. Its methods are
+// safe for use by many goroutines.
+type RWMutex struct {
+	s      *Session
+	name   string
+	reader rule // older writers block a reader
+	writer rule // any older key blocks a writer
+}
+
+// NewRWMutex returns a handle on the reader/writer lock called name, taken
+// with the lease of s. Handles with the same Session and name are the same
+// lock. NewRWMutex writes nothing and never fails: a nil Session or the
+// empty name makes every context method return an error, the tries return
+// false, and Lock and RLock panic.
+func NewRWMutex(s *Session, name string) *RWMutex {
+	pfx := name + "/"
+	readers, writers := pfx+"read/", pfx+"write/"
+	return &RWMutex{
+		s:      s,
+		name:   name,
+		reader: rule{blocking: writers, member: func(key []byte) bool { return isLockKey(writers, key) }},
+		writer: rule{blocking: pfx, member: func(key []byte) bool { return isLockKey(readers, key) || isLockKey(writers, key) }},
+	}
+}
+
+// Name returns the lock's name, as given to NewRWMutex.
+func (rw *RWMutex) Name() string {
+	if rw == nil {
+		return ""
+	}
+	return rw.name
+}
+
+// Lock takes the write lock, blocking until it is held, retrying what can be
+// retried for as long as the Session lives. It panics where the lock can
+// never be taken (an ended Session, the empty name, a nil Session) and when
+// the goroutine holds a read lock (ErrWouldDeadlock); use LockContext to get
+// those as errors.
+func (rw *RWMutex) Lock() { lockBlocking("Lock", rw.Name(), rw.session(), rw.LockContext) }
+
+// RLock takes a read lock, blocking until it is held, as Lock does.
+func (rw *RWMutex) RLock() { lockBlocking("RLock", rw.Name(), rw.session(), rw.RLockContext) }
+
+// Unlock ends one write hold of the calling goroutine. Like
+// sync.RWMutex.Unlock, it panics if the goroutine holds no write lock; use
+// UnlockContext to get ErrNotHeld instead.
+func (rw *RWMutex) Unlock() { unlockOrPanic("Unlock", rw.Name(), rw.UnlockContext) }
+
+// RUnlock ends one read hold of the calling goroutine, and panics if it
+// holds none; use RUnlockContext to get ErrNotHeld instead.
+func (rw *RWMutex) RUnlock() { unlockOrPanic("RUnlock", rw.Name(), rw.RUnlockContext) }
+
+// RLocker returns a sync.Locker whose Lock and Unlock are rw's RLock and
+// RUnlock.
+func (rw *RWMutex) RLocker() sync.Locker { return rlocker{rw} }
+
+type rlocker struct{ rw *RWMutex }
+
+func (r rlocker) Lock()   { r.rw.RLock() }
+func (r rlocker) Unlock() { r.rw.RUnlock() }
+
+// TryLock takes the write lock if no other holder or waiter is there, and
+// reports whether it did. It writes nothing to etcd when it returns false
+// because of another holder, and never panics.
+func (rw *RWMutex) TryLock() bool { return rw.tryNow(true) }
+
+// TryRLock takes a read lock if no writer holds or waits, and reports
+// whether it did: a reader never passes a queued writer. It writes nothing
+// when it returns false because of a writer, and never panics.
+func (rw *RWMutex) TryRLock() bool { return rw.tryNow(false) }
+
+func (rw *RWMutex) tryNow(write bool) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
+	defer cancel()
+	ok, _ := rw.acquire(ctx, write, tryOnly)
+	return ok
+}
+
+// LockContext takes the write lock, waiting until it is held or ctx ends.
+// It returns ErrWouldDeadlock, and changes nothing, if the calling goroutine
+// holds a read lock. On failure it returns ctx.Err() if ctx ended,
+// ErrSessionExpired if the Session ended, or etcd's error, and leaves no key
+// of its own in etcd, as Mutex.LockContext does.
+func (rw *RWMutex) LockContext(ctx context.Context) error {
+	_, err := rw.acquire(ctx, true, waitForever)
+	return err
+}
+
+// RLockContext takes a read lock, waiting until it is held or ctx ends, as
+// LockContext does.
+func (rw *RWMutex) RLockContext(ctx context.Context) error {
+	_, err := rw.acquire(ctx, false, waitForever)
+	return err
+}
+
+// TryLockFor takes the write lock, waiting at most wait (wait <= 0: only
+// try). It returns (true, nil) when held, (false, nil) when the wait ran out,
+// and (false, err) on failure, as Mutex.TryLockFor does.
+func (rw *RWMutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {
+	return rw.acquire(ctx, true, max(wait, tryOnly))
+}
+
+// TryRLockFor takes a read lock, waiting at most wait (wait <= 0: only
+// try), as TryLockFor does.
+func (rw *RWMutex) TryRLockFor(ctx context.Context, wait time.Duration) (bool, error) {
+	return rw.acquire(ctx, false, max(wait, tryOnly))
+}
+
+// acquire takes one write or read hold for the calling goroutine.
+func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) (bool, error) {
+	if err := rw.check(ctx); err != nil {
+		return false, err
+	}
+	if err := startable(ctx, rw.s); err != nil {
+		return false, err
+	}
+	if st := rw.state(false); st != nil {
+		if again, err := st.enter(write); again || err != nil {
+			return again, err
+		}
+	}
+
+	t := &ticket{s: rw.s, lock: rw.name, kind: KindRead, rule: &rw.reader, key: rw.s.uniqueKey(rw.name + "/read/"), value: rw.s.identity}
+	if write {
+		t.kind, t.rule, t.key = KindWrite, &rw.writer, rw.s.uniqueKey(rw.name+"/write/")
+	}
+	a := rw.s.events.startAcquire(t.kind, rw.name)
+	opCtx, cancel := rw.s.opContext(ctx, wait)
+	defer cancel()
+	if err := t.acquire(opCtx, wait, nil); err != nil {
+		if err = failure(ctx, opCtx, rw.s, rw.name, err); errors.Is(err, errBusy) {
+			err = nil
+		}
+		a.end(t, false, t.contended, wait, err)
+		return false, err
+	}
+	rw.grant(write, t.newHold())
+	a.end(t, true, t.contended, wait, nil)
+	return true, nil
+}
+
+// grant records the calling goroutine's new hold, on the live record.
+func (rw *RWMutex) grant(write bool, h *hold) {
+	for !rw.state(true).grant(write, h) {
+		// Retired as we looked: the next look creates a new record.
+	}
+}
+
+// UnlockContext ends one write hold of the calling goroutine. It returns
+// ErrNotHeld, and changes nothing, if the goroutine holds no write lock.
+// When the goroutine's last hold ends it deletes its key, fenced on the
+// key's create revision, as Mutex.UnlockContext does, with the same errors.
+// If the goroutine still holds reads it took while writing, the key stays
+// (and still excludes everyone) until the last of them ends.
+func (rw *RWMutex) UnlockContext(ctx context.Context) error { return rw.release(ctx, true) }
+
+// RUnlockContext ends one read hold of the calling goroutine, as
+// UnlockContext does for a write hold.
+func (rw *RWMutex) RUnlockContext(ctx context.Context) error { return rw.release(ctx, false) }
+
+func (rw *RWMutex) release(ctx context.Context, write bool) error {
+	if err := rw.check(ctx); err != nil {
+		return err
+	}
+	st := rw.state(false)
+	if st == nil {
+		return ErrNotHeld
+	}
+	how, r := st.leave(write)
+	switch how {
+	case notHolder:
+		return ErrNotHeld
+	case stillHeld:
+		return nil
+	}
+	return r.h.t.unlock(ctx, r.h, nil)
+}
+
+// HoldCount returns the number of holds of the calling goroutine, write and
+// read together: 0 when it holds nothing.
+func (rw *RWMutex) HoldCount() int {
+	if rw == nil || rw.s == nil {
+		return 0
+	}
+	if st := rw.state(false); st != nil {
+		return st.holdCount()
+	}
+	return 0
+}
+
+// Token returns the fencing token of this process's current hold (the
+// write hold, else the oldest read hold), whichever goroutine asks, and 0
+// when the process holds nothing. It is the create revision of the hold's
+// key.
+func (rw *RWMutex) Token() int64 {
+	if r := rw.current(); r != nil {
+		return r.h.token()
+	}
+	return 0
+}
+
+// IsOwner returns a comparison for a clientv3 Txn that is true only while
+// this process's current hold lasts (see Token); always false when nothing
+// is held.
+func (rw *RWMutex) IsOwner() clientv3.Cmp {
+	if r := rw.current(); r != nil {
+		return ownerCmp(r.h.t.key, r.h.token())
+	}
+	return ownerCmp("", 0)
+}
+
+// Done returns a channel that is closed when this process's current hold
+// (see Token) ends or is lost, as Mutex.Done does; already closed when
+// nothing is held.
+func (rw *RWMutex) Done() <-chan struct{} {
+	if r := rw.current(); r != nil {
+		return r.h.lost()
+	}
+	return closed
+}
+
+func (rw *RWMutex) current() *rwHold {
+	if rw == nil || rw.s == nil {
+		return nil
+	}
+	if st := rw.state(false); st != nil {
+		return st.current()
+	}
+	return nil
+}
+
+func (rw *RWMutex) check(ctx context.Context) error {
+	if rw == nil {
+		return validate(nil, "", ctx)
+	}
+	return validate(rw.s, rw.name, ctx)
+}
+
+func (rw *RWMutex) session() *Session {
+	if rw == nil {
+		return nil
+	}
+	return rw.s
+}
