@@ -11,12 +11,18 @@ package etcdlock_test
 //	writes/op     etcd revisions consumed (puts and deletes), from the revision delta
 //	rpcs/op       unary RPCs sent by the measured clients (every attempt, retries included)
 //	watches/op    watches created by the measured clients
+//	cpu-us/op     CPU time of the whole process (user and system, every thread:
+//	              etcd's server and all the clients together), in microseconds
+//	cpu-cores     the same CPU time over the wall time of the run: 2 is both cores busy
 //	acq/s         acquisitions per second, all holders together
-//	handoff-p50-ms, handoff-p99-ms
+//	handoff-p50-ms, handoff-p90-ms, handoff-p99-ms, handoff-max-ms
 //	              from the moment a holder starts its unlock to the moment the next
 //	              holder's lock returns, over the acquisitions that changed holder
 //	max-keys      most keys under the lock's prefix at any one time, replayed
 //	              from etcd's history after the run
+//
+// How cost grows with waiters and with held locks is in bench_waiting_test.go
+// and bench_held_test.go.
 
 import (
 	"context"
@@ -43,60 +49,106 @@ import (
 // the run instead of stalling it.
 const benchTimeout = 2 * time.Minute
 
-// A benchServer is the embedded etcd shared by the two halves of a pair,
-// with counters of what the measured clients send it.
+// A benchServer is the etcd shared by the two halves of a pair, with
+// counters of what the measured clients send it.
 type benchServer struct {
-	srv   *etcdtest.Server
-	plain *clientv3.Client // not counted: revisions, key watches, other holders
+	endpoints []string
+	plain     *clientv3.Client // not counted: revisions, key watches, other holders
 
 	unary   atomic.Int64
-	watches atomic.Int64
+	watches atomic.Int64 // watch creations sent
+	created atomic.Int64 // watch creations confirmed by etcd
+
+	watchStreams     atomic.Int64 // Watch streams opened
+	keepAliveStreams atomic.Int64 // LeaseKeepAlive streams opened
+	keepAlives       atomic.Int64 // keep-alive requests sent on them
+	leasesMu         sync.Mutex
+	leases           map[int64]bool // leases named in those requests
 }
 
-func startBench(b *testing.B) *benchServer {
+// startBench starts an embedded etcd (etcdtest.Start with opts) for a
+// benchmark.
+func startBench(b *testing.B, opts ...etcdtest.Option) *benchServer {
 	b.Helper()
-	srv := etcdtest.Start(b)
-	return &benchServer{srv: srv, plain: srv.Client(b)}
+	srv := etcdtest.Start(b, opts...)
+	return &benchServer{endpoints: srv.Endpoints(), plain: srv.Client(b)}
 }
 
-// client returns a new client whose RPCs are counted, closed by b.Cleanup.
-func (e *benchServer) client(b *testing.B) *clientv3.Client {
-	b.Helper()
+// client returns a new client whose RPCs and streams are counted, closed by
+// tb.Cleanup.
+func (e *benchServer) client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
 	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		e.unary.Add(1)
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		cs, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil || method != "/etcdserverpb.Watch/Watch" {
+		if err != nil {
 			return cs, err
 		}
-		return &benchCountingStream{ClientStream: cs, creates: &e.watches}, nil
+		switch method {
+		case "/etcdserverpb.Watch/Watch":
+			e.watchStreams.Add(1)
+		case "/etcdserverpb.Lease/LeaseKeepAlive":
+			e.keepAliveStreams.Add(1)
+		default:
+			return cs, nil
+		}
+		return &benchCountingStream{ClientStream: cs, e: e}, nil
 	}
 	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   e.srv.Endpoints(),
+		Endpoints:   e.endpoints,
 		DialTimeout: 5 * time.Second,
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)},
 		Logger:      zap.NewNop(),
 	})
 	if err != nil {
-		b.Fatalf("new client: %v", err)
+		tb.Fatalf("new client: %v", err)
 	}
-	b.Cleanup(func() { _ = c.Close() })
+	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
-// benchCountingStream counts the watch creations sent on a Watch stream.
+// benchCountingStream counts the watch creations sent and confirmed on a
+// Watch stream, and the keep-alive requests sent on a LeaseKeepAlive stream
+// with the leases they name.
 type benchCountingStream struct {
 	grpc.ClientStream
-	creates *atomic.Int64
+	e *benchServer
 }
 
 func (s *benchCountingStream) SendMsg(m any) error {
-	if req, ok := m.(*pb.WatchRequest); ok && req.GetCreateRequest() != nil {
-		s.creates.Add(1)
+	switch req := m.(type) {
+	case *pb.WatchRequest:
+		if req.GetCreateRequest() != nil {
+			s.e.watches.Add(1)
+		}
+	case *pb.LeaseKeepAliveRequest:
+		s.e.keepAlives.Add(1)
+		s.e.leasesMu.Lock()
+		if s.e.leases == nil {
+			s.e.leases = make(map[int64]bool)
+		}
+		s.e.leases[req.ID] = true
+		s.e.leasesMu.Unlock()
 	}
 	return s.ClientStream.SendMsg(m)
+}
+
+func (s *benchCountingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if resp, ok := m.(*pb.WatchResponse); ok && err == nil && resp.Created {
+		s.e.created.Add(1)
+	}
+	return err
+}
+
+// keptAlive returns how many leases keep-alive requests have named so far.
+func (e *benchServer) keptAlive() int {
+	e.leasesMu.Lock()
+	defer e.leasesMu.Unlock()
+	return len(e.leases)
 }
 
 // revision returns etcd's current revision.
@@ -111,27 +163,57 @@ func (e *benchServer) revision(b *testing.B) int64 {
 	return resp.Header.Revision
 }
 
-// A benchMeter counts etcd writes, RPCs and watches from start to report.
+// A benchSnapshot is what the measured clients and the process have done up
+// to a moment. Taking one sends no RPC.
+type benchSnapshot struct {
+	at             time.Time
+	cpu            time.Duration // CPU time of the whole process; valid if cpuOK
+	cpuOK          bool
+	unary, watches int64
+}
+
+func (e *benchServer) counts() benchSnapshot {
+	cpu, ok := benchCPU()
+	return benchSnapshot{at: time.Now(), cpu: cpu, cpuOK: ok, unary: e.unary.Load(), watches: e.watches.Load()}
+}
+
+// A benchMeter counts etcd writes, RPCs, watches and CPU time from its start
+// to a report.
 type benchMeter struct {
-	e                   *benchServer
-	rev, unary, watches int64
+	e     *benchServer
+	rev   int64
+	start benchSnapshot
 }
 
 func (e *benchServer) startMeter(b *testing.B) *benchMeter {
 	b.Helper()
 	m := &benchMeter{e: e, rev: e.revision(b)}
-	m.unary, m.watches = e.unary.Load(), e.watches.Load()
+	m.start = e.counts()
 	return m
 }
 
-// report reports writes/op, rpcs/op and watches/op over ops operations.
+// report reports writes/op, rpcs/op, watches/op, cpu-us/op and cpu-cores
+// over ops operations, from the start to now.
 func (m *benchMeter) report(b *testing.B, ops int) {
 	b.Helper()
-	unary, watches := m.e.unary.Load()-m.unary, m.e.watches.Load()-m.watches
+	m.reportUntil(b, ops, m.e.counts())
 	writes := m.e.revision(b) - m.rev
 	b.ReportMetric(float64(writes)/float64(ops), "writes/op")
-	b.ReportMetric(float64(unary)/float64(ops), "rpcs/op")
-	b.ReportMetric(float64(watches)/float64(ops), "watches/op")
+}
+
+// reportUntil reports what report does, but writes/op, from the start to
+// end.
+func (m *benchMeter) reportUntil(b *testing.B, ops int, end benchSnapshot) {
+	b.Helper()
+	b.ReportMetric(float64(end.unary-m.start.unary)/float64(ops), "rpcs/op")
+	b.ReportMetric(float64(end.watches-m.start.watches)/float64(ops), "watches/op")
+	if m.start.cpuOK && end.cpuOK {
+		cpu := end.cpu - m.start.cpu
+		b.ReportMetric(float64(cpu.Microseconds())/float64(ops), "cpu-us/op")
+		if wall := end.at.Sub(m.start.at); wall > 0 {
+			b.ReportMetric(cpu.Seconds()/wall.Seconds(), "cpu-cores")
+		}
+	}
 }
 
 // benchName returns a lock name of the benchmark's own.
@@ -155,41 +237,58 @@ func (l etcdlockLocker) Unlock(ctx context.Context) error { return l.m.UnlockCon
 // lockers on it: newLocker(name) is a new handle of the lock name.
 type benchImpl struct {
 	name       string
-	newSession func(b *testing.B, c *clientv3.Client) (newLocker func(name string) benchLocker)
+	newSession func(tb testing.TB, c *clientv3.Client) (newLocker func(name string) benchLocker)
 }
 
 var benchImpls = []benchImpl{
-	{"etcdlock", func(b *testing.B, c *clientv3.Client) func(string) benchLocker {
-		s := benchSession(b, c)
+	{"etcdlock", func(tb testing.TB, c *clientv3.Client) func(string) benchLocker {
+		s := benchSession(tb, c)
 		return func(name string) benchLocker { return etcdlockLocker{etcdlock.NewMutex(s, name)} }
 	}},
-	{"upstream", func(b *testing.B, c *clientv3.Client) func(string) benchLocker {
-		s := benchUpstreamSession(b, c)
+	{"upstream", func(tb testing.TB, c *clientv3.Client) func(string) benchLocker {
+		s := benchUpstreamSession(tb, c, etcdlock.DefaultTTL)
 		return func(name string) benchLocker { return concurrency.NewMutex(s, name) }
 	}},
 }
 
-// benchSession makes a Session with the default TTL, closed by b.Cleanup.
-func benchSession(b *testing.B, c *clientv3.Client, opts ...etcdlock.SessionOption) *etcdlock.Session {
-	b.Helper()
+// benchSession makes a Session (by default with the default TTL), closed
+// by tb.Cleanup.
+func benchSession(tb testing.TB, c *clientv3.Client, opts ...etcdlock.SessionOption) *etcdlock.Session {
+	tb.Helper()
 	s, err := etcdlock.NewSession(c, opts...)
 	if err != nil {
-		b.Fatalf("NewSession: %v", err)
+		tb.Fatalf("NewSession: %v", err)
 	}
-	b.Cleanup(func() { _ = s.Close() })
+	tb.Cleanup(func() { _ = s.Close() })
 	return s
 }
 
-// benchUpstreamSession makes a concurrency.Session with the same TTL as
-// benchSession, closed by b.Cleanup.
-func benchUpstreamSession(b *testing.B, c *clientv3.Client) *concurrency.Session {
-	b.Helper()
-	s, err := concurrency.NewSession(c, concurrency.WithTTL(int(etcdlock.DefaultTTL/time.Second)))
+// benchUpstreamSession makes a concurrency.Session with a TTL of ttl,
+// closed by tb.Cleanup.
+func benchUpstreamSession(tb testing.TB, c *clientv3.Client, ttl time.Duration) *concurrency.Session {
+	tb.Helper()
+	s, err := concurrency.NewSession(c, concurrency.WithTTL(int(ttl/time.Second)))
 	if err != nil {
-		b.Fatalf("concurrency.NewSession: %v", err)
+		tb.Fatalf("concurrency.NewSession: %v", err)
 	}
-	b.Cleanup(func() { _ = s.Close() })
+	tb.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// A benchScope is a testing.TB for what must be closed before the benchmark
+// ends: its cleanups run, newest first, when close is called.
+type benchScope struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (s *benchScope) Cleanup(f func()) { s.cleanups = append(s.cleanups, f) }
+
+func (s *benchScope) close() {
+	for _, f := range slices.Backward(s.cleanups) {
+		f()
+	}
+	s.cleanups = nil
 }
 
 // forEachImpl runs one sub-benchmark per library on the same server.
@@ -203,20 +302,35 @@ func forEachImpl(b *testing.B, e *benchServer, f func(b *testing.B, e *benchServ
 // wants. One op is a LockContext and an UnlockContext (upstream: Lock(ctx)
 // and Unlock(ctx)).
 func BenchmarkUncontended(b *testing.B) {
-	forEachImpl(b, startBench(b), func(b *testing.B, e *benchServer, impl benchImpl) {
-		l := impl.newSession(b, e.client(b))(benchName(b))
-		ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
-		defer cancel()
-		m := e.startMeter(b)
-		for b.Loop() {
-			if err := l.Lock(ctx); err != nil {
-				b.Fatalf("Lock: %v", err)
-			}
-			if err := l.Unlock(ctx); err != nil {
-				b.Fatalf("Unlock: %v", err)
-			}
+	forEachImpl(b, startBench(b), benchUncontended)
+}
+
+func benchUncontended(b *testing.B, e *benchServer, impl benchImpl) {
+	l := impl.newSession(b, e.client(b))(benchName(b))
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	m := e.startMeter(b)
+	for b.Loop() {
+		if err := l.Lock(ctx); err != nil {
+			b.Fatalf("Lock: %v", err)
 		}
-		m.report(b, b.N)
+		if err := l.Unlock(ctx); err != nil {
+			b.Fatalf("Unlock: %v", err)
+		}
+	}
+	m.report(b, b.N)
+}
+
+// BenchmarkFsync: BenchmarkUncontended and BenchmarkContended/sessions=2 on
+// an etcd that fsyncs its log and backend (etcdtest.WithFsync), as a
+// production etcd does, with its data in a temporary directory: on the disk
+// of TMPDIR, /tmp by default.
+func BenchmarkFsync(b *testing.B) {
+	b.Run("Uncontended", func(b *testing.B) {
+		forEachImpl(b, startBench(b, etcdtest.WithFsync()), benchUncontended)
+	})
+	b.Run("Contended/sessions=2", func(b *testing.B) {
+		forEachImpl(b, startBench(b, etcdtest.WithFsync()), benchSessions(2))
 	})
 }
 
@@ -320,11 +434,11 @@ func BenchmarkTryLockHeld(b *testing.B) {
 		ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
 		defer cancel()
 		name := benchName(b)
-		holder := concurrency.NewMutex(benchUpstreamSession(b, e.plain), name)
+		holder := concurrency.NewMutex(benchUpstreamSession(b, e.plain, etcdlock.DefaultTTL), name)
 		if err := holder.Lock(ctx); err != nil {
 			b.Fatalf("holder Lock: %v", err)
 		}
-		m := concurrency.NewMutex(benchUpstreamSession(b, e.client(b)), name)
+		m := concurrency.NewMutex(benchUpstreamSession(b, e.client(b), etcdlock.DefaultTTL), name)
 		mt := e.startMeter(b)
 		for b.Loop() {
 			if err := m.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
@@ -351,15 +465,20 @@ const benchHandoffs = 8
 func BenchmarkContended(b *testing.B) {
 	for _, n := range benchCounts {
 		b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) {
-			forEachImpl(b, startBench(b), func(b *testing.B, e *benchServer, impl benchImpl) {
-				name := benchName(b)
-				lockers := make([]benchLocker, n)
-				for i := range lockers {
-					lockers[i] = impl.newSession(b, e.client(b))(name)
-				}
-				benchContend(b, e, lockers, false)
-			})
+			forEachImpl(b, startBench(b), benchSessions(n))
 		})
+	}
+}
+
+// benchSessions returns the body of BenchmarkContended for n sessions.
+func benchSessions(n int) func(b *testing.B, e *benchServer, impl benchImpl) {
+	return func(b *testing.B, e *benchServer, impl benchImpl) {
+		name := benchName(b)
+		lockers := make([]benchLocker, n)
+		for i := range lockers {
+			lockers[i] = impl.newSession(b, e.client(b))(name)
+		}
+		benchContend(b, e, name, lockers, benchOneLock)
 	}
 }
 
@@ -376,7 +495,7 @@ func BenchmarkOneProcess(b *testing.B) {
 			for i := range lockers {
 				lockers[i] = etcdlockLocker{m}
 			}
-			benchContend(b, e, lockers, false)
+			benchContend(b, e, benchName(b), lockers, benchOneLock)
 		}
 	}
 	for _, n := range benchCounts {
@@ -388,9 +507,9 @@ func BenchmarkOneProcess(b *testing.B) {
 				c, name := e.client(b), benchName(b)
 				lockers := make([]benchLocker, n)
 				for i := range lockers {
-					lockers[i] = concurrency.NewMutex(benchUpstreamSession(b, c), name)
+					lockers[i] = concurrency.NewMutex(benchUpstreamSession(b, c, etcdlock.DefaultTTL), name)
 				}
-				benchContend(b, e, lockers, false)
+				benchContend(b, e, benchName(b), lockers, benchOneLock)
 			})
 		})
 	}
@@ -408,87 +527,219 @@ func BenchmarkIndependent(b *testing.B) {
 				for i := range lockers {
 					lockers[i] = newLocker(fmt.Sprintf("%s-%d", name, i))
 				}
-				benchContend(b, e, lockers, true)
+				benchContend(b, e, name, lockers, benchIndependent)
 			})
 		})
 	}
 }
 
+// How the lockers of benchContend contend.
+type benchContention int
+
+const (
+	// benchOneLock: the lockers take turns on one lock. Each joins the
+	// queue when its goroutine starts, and leaves once b.N acquisitions
+	// have been claimed.
+	benchOneLock benchContention = iota
+	// benchIndependent: each locker has a lock of its own.
+	benchIndependent
+	// benchQueued: one lock, and every locker waits in its queue before the
+	// clock starts: the first holds the lock until each of the others has a
+	// key under its prefix and a watch (waitQueue). The clock stops at the
+	// b.N-th acquisition, which also cancels the others' waits, so the
+	// queue stays full for the whole run whatever b.N is. writes/op and
+	// max-keys are not reported; leftover-keys is the number of keys the
+	// cancelled waits left under the prefix (deleted before the next run).
+	benchQueued
+)
+
 // benchContend runs each locker in a goroutine of its own, lock then unlock
 // in a loop, b.N acquisitions in all, and reports acq/s. It fails if two
 // holders of one lock overlap. Unless independent, the lockers are holders of
-// one lock: it then also reports the handoff percentiles and the most keys
-// the lock had at once.
-func benchContend(b *testing.B, e *benchServer, lockers []benchLocker, independent bool) {
+// the lock name: it then also reports the hand-off percentiles and, for
+// benchOneLock, the most keys the lock had at once.
+func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLocker, how benchContention) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
 	defer cancel()
+	// runCtx is the lock calls' context: a failure ends it, and so does the
+	// last acquisition of a queued run.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
 	var keys *benchKeyWatch
-	if !independent {
-		keys = benchWatchKeys(b, e.plain, benchName(b))
+	if how == benchOneLock {
+		keys = benchWatchKeys(b, e.plain, name)
 	}
+	queued := how == benchQueued
 
 	var (
-		claimed  atomic.Int64                         // acquisitions started
+		claimed  atomic.Int64                         // acquisitions started (not queued)
+		acquired atomic.Int64                         // acquisitions made
 		inside   = make([]atomic.Int32, len(lockers)) // holders of each lock
 		overlaps atomic.Int64
-		prev     atomic.Int64 // id of the last holder to start unlocking; 0: none yet
-		unlockAt atomic.Int64 // when it started, in ns since t0
+		prev     atomic.Int64  // id of the last holder to start unlocking; 0: none yet
+		unlockAt atomic.Int64  // when it started, in ns since t0
+		over     atomic.Bool   // queued: the b.N-th acquisition was made
+		end      benchSnapshot // queued: at the b.N-th acquisition
 		errOnce  sync.Once
 		firstErr error
 		wg       sync.WaitGroup
+		started  = make(chan struct{}) // closed when the clock starts, after t0 is set
+		t0       time.Time
 	)
-	fail := func(err error) { errOnce.Do(func() { firstErr = err }) }
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err })
+		stopRun()
+	}
 	handoffs := make([][]time.Duration, len(lockers))
-	mt := e.startMeter(b)
-	b.ResetTimer()
-	t0 := time.Now()
-	for i, l := range lockers {
+	run := func(i int, l benchLocker) {
 		id, lock := int64(i+1), 0
-		if independent {
+		if how == benchIndependent {
 			lock = i
 		}
-		wg.Go(func() {
-			for claimed.Add(1) <= int64(b.N) {
-				if err := l.Lock(ctx); err != nil {
+		for queued || claimed.Add(1) <= int64(b.N) {
+			if err := l.Lock(runCtx); err != nil {
+				if !over.Load() {
 					fail(fmt.Errorf("holder %d: Lock: %w", id, err))
-					return
 				}
-				locked := time.Since(t0)
-				if inside[lock].Add(1) != 1 {
-					overlaps.Add(1)
-				}
-				if p := prev.Load(); !independent && p != 0 && p != id {
-					handoffs[i] = append(handoffs[i], locked-time.Duration(unlockAt.Load()))
-				}
-				inside[lock].Add(-1)
-				prev.Store(id)
-				unlockAt.Store(int64(time.Since(t0)))
-				if err := l.Unlock(ctx); err != nil {
-					fail(fmt.Errorf("holder %d: Unlock: %w", id, err))
-					return
-				}
+				return
 			}
-		})
+			// Already closed: no acquisition can be made before the clock
+			// starts, but only this receive tells the race detector so.
+			<-started
+			locked := time.Since(t0)
+			n := acquired.Add(1)
+			if inside[lock].Add(1) != 1 {
+				overlaps.Add(1)
+			}
+			if p := prev.Load(); how != benchIndependent && p != 0 && p != id && n <= int64(b.N) {
+				handoffs[i] = append(handoffs[i], locked-time.Duration(unlockAt.Load()))
+			}
+			inside[lock].Add(-1)
+			if queued && n == int64(b.N) {
+				end = e.counts()
+				over.Store(true)
+				stopRun()
+			}
+			prev.Store(id)
+			unlockAt.Store(int64(time.Since(t0)))
+			if err := l.Unlock(ctx); err != nil {
+				fail(fmt.Errorf("holder %d: Unlock: %w", id, err))
+				return
+			}
+			if queued && n >= int64(b.N) {
+				return
+			}
+		}
 	}
-	wg.Wait()
-	elapsed := time.Since(t0)
-	b.StopTimer()
+
+	first := 0 // the lockers started before the clock
+	if queued {
+		// The first locker holds the lock while the others queue, and its
+		// release is the first hand-off.
+		holding := make(chan struct{})
+		wg.Go(func() {
+			if err := lockers[0].Lock(runCtx); err != nil {
+				fail(fmt.Errorf("holder 1: Lock: %w", err))
+				return
+			}
+			close(holding)
+			<-started
+			prev.Store(1)
+			unlockAt.Store(int64(time.Since(t0)))
+			if err := lockers[0].Unlock(ctx); err != nil {
+				fail(fmt.Errorf("holder 1: Unlock: %w", err))
+				return
+			}
+			run(0, lockers[0])
+		})
+		select {
+		case <-holding:
+			created := e.created.Load()
+			for i := 1; i < len(lockers); i++ {
+				wg.Go(func() { run(i, lockers[i]) })
+			}
+			if err := e.waitQueue(runCtx, name, len(lockers), created); err != nil {
+				fail(fmt.Errorf("waiting for %d sessions to queue for %q: %w", len(lockers), name, err))
+			}
+		case <-runCtx.Done():
+		}
+		first = len(lockers)
+	}
+	mt := e.startMeter(b)
+	b.ResetTimer()
+	t0 = time.Now()
+	close(started)
+	for i := first; i < len(lockers); i++ {
+		wg.Go(func() { run(i, lockers[i]) })
+	}
+	leftover := 0
+	if queued {
+		<-runCtx.Done() // the b.N-th acquisition, or a failure
+		b.StopTimer()
+		wg.Wait() // the waits end at once and should remove their keys
+		// A lock call cancelled after etcd applied its put but before the
+		// reply came back may leave its key behind (upstream does): the
+		// next run would then wait behind it for ever. Count such keys,
+		// and delete them.
+		resp, err := e.plain.Delete(ctx, name+"/", clientv3.WithPrefix())
+		if err != nil {
+			b.Fatalf("delete what the cancelled waits left under %q: %v", name+"/", err)
+		}
+		leftover = int(resp.Deleted)
+	} else {
+		wg.Wait()
+		b.StopTimer()
+		end = e.counts()
+	}
 	if firstErr != nil {
 		b.Fatal(firstErr)
 	}
 	if n := overlaps.Load(); n > 0 {
 		b.Fatalf("%d acquisitions overlapped another holder, want 0", n)
 	}
-	mt.report(b, b.N)
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "acq/s")
+	if queued {
+		mt.reportUntil(b, b.N, end)
+		b.ReportMetric(float64(leftover), "leftover-keys")
+	} else {
+		mt.report(b, b.N)
+	}
+	b.ReportMetric(float64(b.N)/end.at.Sub(t0).Seconds(), "acq/s")
 	if all := slices.Concat(handoffs...); len(all) > 0 {
 		slices.Sort(all)
-		b.ReportMetric(benchPercentile(all, 0.50).Seconds()*1e3, "handoff-p50-ms")
-		b.ReportMetric(benchPercentile(all, 0.99).Seconds()*1e3, "handoff-p99-ms")
+		for _, q := range []struct {
+			q    float64
+			unit string
+		}{{0.50, "handoff-p50-ms"}, {0.90, "handoff-p90-ms"}, {0.99, "handoff-p99-ms"}, {1, "handoff-max-ms"}} {
+			b.ReportMetric(benchPercentile(all, q.q).Seconds()*1e3, q.unit)
+		}
 	}
 	if keys != nil {
 		b.ReportMetric(float64(keys.stop(b)), "max-keys")
+	}
+}
+
+// waitQueue waits until n holders are in the queue of the lock name: n
+// keys under its prefix, and a watch confirmed by etcd for each of the n-1
+// waiters (watch creations counted from created on), which both libraries
+// make to wait for their predecessor. Until then the waiters' first reads
+// and watches would still be under way when the clock starts.
+func (e *benchServer) waitQueue(ctx context.Context, name string, n int, created int64) error {
+	for {
+		resp, err := e.plain.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return err
+		}
+		if resp.Count >= int64(n) && e.created.Load()-created >= int64(n-1) {
+			return nil
+		}
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%d keys, %d watches: %w", resp.Count, e.created.Load()-created, ctx.Err())
+		case <-t.C:
+		}
 	}
 }
 

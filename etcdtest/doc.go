@@ -29,8 +29,8 @@
 // etcd and removes its data. The package's Example functions use it.
 //
 // The members are tuned for tests: a 10 ms heartbeat and a 100 ms election
-// timeout (leases may be as short as 1 s), no fsync, and no logs unless
-// WithLogger is given.
+// timeout (leases may be as short as 1 s), no fsync unless WithFsync is
+// given, and no logs unless WithLogger is given.
 //
 // Importing the package lowers etcd's process-wide read timeout on
 // connections between members (rafthttp.ConnReadTimeout) from 5 s to 250 ms,

@@ -3,7 +3,12 @@ package etcdtest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -446,6 +451,71 @@ func TestNewAndNewClient(t *testing.T) {
 	srv.Close()
 	if _, err := srv.NewClient(); err == nil {
 		t.Error("NewClient after Close: got nil error, want one")
+	}
+}
+
+// walFsyncs returns how many times the etcd servers of this process have
+// fsynced their write-ahead logs, from the
+// etcd_disk_wal_fsync_duration_seconds histogram on srv's /metrics. etcd
+// counts only the fsyncs it makes: none under UnsafeNoFsync.
+func walFsyncs(t *testing.T, srv *etcdtest.Server) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.Endpoints()[0]+"/metrics", nil)
+	if err != nil {
+		t.Fatalf("metrics request: got %v, want nil", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET /metrics: got %v, want nil", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read /metrics: got %v, want nil", err)
+	}
+	const name = "etcd_disk_wal_fsync_duration_seconds_count "
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("%s%s: got %v, want a count", name, v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("GET /metrics: no %q line", name)
+	return 0
+}
+
+// TestWithFsync checks that a server started with WithFsync fsyncs its
+// write-ahead log on every write and that the default one never does. The
+// fsync counter is shared by every server of the process, so the two run one
+// after the other and this test is not parallel.
+func TestWithFsync(t *testing.T) {
+	const puts = 20
+	for _, tc := range []struct {
+		name string
+		opts []etcdtest.Option
+		min  int64 // fewest fsyncs over the puts
+		max  int64 // most
+	}{
+		{"default", nil, 0, 0},
+		{"WithFsync", []etcdtest.Option{etcdtest.WithFsync()}, puts, math.MaxInt64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := etcdtest.Start(t, tc.opts...)
+			c := srv.Client(t)
+			before := walFsyncs(t, srv)
+			for i := range puts {
+				put(t, c, fmt.Sprintf("%s/%d", t.Name(), i), "v")
+			}
+			got := walFsyncs(t, srv) - before
+			if got < tc.min || got > tc.max {
+				t.Fatalf("WAL fsyncs over %d sequential puts: got %d, want %d to %d", puts, got, tc.min, tc.max)
+			}
+		})
 	}
 }
 

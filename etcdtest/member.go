@@ -52,7 +52,7 @@ func (m *member) start(o *options, crt *certs) error {
 	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
 	cfg.InitialCluster = m.cluster
 	cfg.InitialClusterToken = m.token
-	cfg.UnsafeNoFsync = true
+	cfg.UnsafeNoFsync = !o.fsync
 	cfg.TickMs = tickMs
 	cfg.ElectionMs = electionMs
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(o.logger)

@@ -11,6 +11,7 @@ type Option interface {
 type options struct {
 	tls            bool
 	clientCertAuth bool
+	fsync          bool
 	logger         *zap.Logger
 }
 
@@ -47,6 +48,17 @@ func WithClientCertAuth() Option {
 		o.tls = true
 		o.clientCertAuth = true
 	})
+}
+
+// WithFsync makes etcd fsync its write-ahead log and its backend, as a
+// production etcd does, so that every write waits for the disk. Use it to
+// measure what users run; the data directory is a tb.TempDir() (New: a
+// directory under os.TempDir()), so point TMPDIR at the disk to be measured.
+//
+// Default: no fsync (etcd's UnsafeNoFsync), which only matters if the
+// machine crashes and makes writes independent of the disk's speed.
+func WithFsync() Option {
+	return optionFunc(func(o *options) { o.fsync = true })
 }
 
 // WithLogger sends the logs of etcd, of its clients and of the fault-injection

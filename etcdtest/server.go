@@ -18,7 +18,8 @@ import (
 // data in a tb.TempDir() (Start) or in a directory that Close removes (New).
 // It is real etcd (go.etcd.io/etcd/server/v3/embed) with fast timings: a
 // 10 ms heartbeat, a 100 ms election timeout (so the minimum lease TTL is 1 s
-// instead of 2 s) and no fsync, which only matters if the machine crashes.
+// instead of 2 s) and no fsync (unless WithFsync), which only matters if the
+// machine crashes.
 //
 // A Server is safe for concurrent use.
 type Server struct {

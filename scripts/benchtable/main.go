@@ -2,14 +2,19 @@
 // named as arguments, or stdin) for etcdlock's benchmarks and prints, as
 // Markdown, the medians of each metric over the runs (-count), the ratios
 // etcdlock/upstream of those medians, and whether each target is met.
+// With -svg DIR it also draws, as SVG files in DIR, acquisitions/s against
+// the number of waiting sessions (waiting.svg) and the hand-off latency
+// percentiles (handoff.svg) of BenchmarkWaiting.
 //
 // Usage:
 //
 //	go test -run XXX -bench . -benchmem -count 3 . | go run ./scripts/benchtable
+//	go run ./scripts/benchtable -svg docs/bench bench.txt
 package main
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -24,11 +29,13 @@ import (
 type results map[string]map[string][]float64
 
 func main() {
+	svgDir := flag.String("svg", "", "also write waiting.svg and handoff.svg to this `directory`")
+	flag.Parse()
 	r := results{}
-	if len(os.Args) == 1 {
+	if flag.NArg() == 0 {
 		r.read(os.Stdin)
 	}
-	for _, path := range os.Args[1:] {
+	for _, path := range flag.Args() {
 		f, err := os.Open(path)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "benchtable:", err)
@@ -42,6 +49,12 @@ func main() {
 		os.Exit(1)
 	}
 	r.print(os.Stdout)
+	if *svgDir != "" {
+		if err := r.writeSVGs(*svgDir); err != nil {
+			fmt.Fprintln(os.Stderr, "benchtable:", err)
+			os.Exit(1)
+		}
+	}
 }
 
 // read adds the results of the benchmark lines of in:
@@ -194,6 +207,8 @@ func (r results) print(w io.Writer) {
 	an, au = r.m(i32+ours, "acq/s"), r.m(i32+up, "acq/s")
 	row("32 goroutines on 32 independent locks: pairs/s", fmtNum(an), fmtNum(au), ratio(an, au), "≥ 0.9×", verdict(an >= 0.9*au, an, au))
 
+	r.growthTargets(row)
+
 	st := r.m("BenchmarkStart", "ms/start-median")
 	row("etcdtest.Start to ready (ms, median)", fmtNum(st), "n/a", "n/a", "≤ 100 ms", verdict(st <= 100, st))
 
@@ -229,6 +244,8 @@ func (r results) print(w io.Writer) {
 		an, au := r.m(name+ours, "acq/s"), r.m(name+up, "acq/s")
 		row(strconv.Itoa(n), fmtNum(an), fmtNum(au), ratio(an, au), fmtNum(r.m(name+ours, "allocs/op")), fmtNum(r.m(name+up, "allocs/op")))
 	}
+
+	r.printGrowth(w)
 
 	p("\n### Runs per benchmark\n\n")
 	names := make([]string, 0, len(r))
