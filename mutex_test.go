@@ -456,3 +456,57 @@ func TestWaiterKeyDeletedWithHolder(t *testing.T) {
 		})
 	}
 }
+
+// TestWaiterSkipsGoneKeys: waiters ahead of us that leave, one at a time or
+// several at once, move us up the queue, and we get the lock only when the
+// last key ahead of us goes, whether our reads saw it (the newest keys ahead)
+// or not (further ahead).
+func TestWaiterSkipsGoneKeys(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	holder := lockInGoroutine(t, ctx, oursOn(newSession(t, client), name))
+	if err := waitErr(t, holder.locked); err != nil {
+		t.Fatal(err)
+	}
+	var ahead []*worker
+	var keys []string
+	for i := range 5 {
+		s := newSession(t, client)
+		ahead = append(ahead, lockInGoroutine(t, ctx, oursOn(s, name)))
+		keys = append(keys, keyOf(name, s.Lease()))
+		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == i+2 })
+	}
+	us := lockInGoroutine(t, ctx, oursOn(newSession(t, client), name))
+	eventually(t, "us queued", func() bool { return len(lockKeys(t, client, name)) == 7 })
+
+	// The two keys just ahead of us go in one Txn, then the next two: the
+	// second of those is the last our reads saw. (Their waiters queue again,
+	// behind us.)
+	for _, gone := range [][]int{{4, 3}, {2, 1}} {
+		if _, err := client.Txn(ctx).Then(clientv3.OpDelete(keys[gone[0]]), clientv3.OpDelete(keys[gone[1]])).Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if !blocked(us.locked, 300*time.Millisecond) {
+			t.Fatalf("we got the lock with waiters %v gone, while the holder and waiter 0 are ahead", gone)
+		}
+	}
+	if err := holder.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitErr(t, ahead[0].locked); err != nil {
+		t.Fatal(err)
+	}
+	if !blocked(us.locked, 300*time.Millisecond) {
+		t.Fatal("we got the lock while waiter 0 holds it")
+	}
+	if err := ahead[0].Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitErr(t, us.locked); err != nil {
+		t.Fatalf("after every key ahead went: got %v, want the lock", err)
+	}
+	if err := us.Release(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -38,6 +38,11 @@ const (
 	ownWatchDelay = 100 * time.Millisecond
 )
 
+// window is how many older keys a lock's reads of its place bring: the
+// predecessor, and who comes next when it goes, so that a long queue is
+// read in full (sorted by etcd) only once every window releases.
+const window = 4
+
 // How long an acquisition waits for the holders to leave.
 const (
 	waitForever time.Duration = -1 // until held, or ctx ends
@@ -84,9 +89,21 @@ type place struct {
 	prefix bool   // watch every key under watch, for deletes (a semaphore's head waiter)
 	puts   bool   // also wake on a put of watch (a semaphore waiter: its predecessor's admission)
 	next   bool   // a key is queued behind ours
-	// owner: watch is the only key that blocks us (a lock's waiter), so
-	// that its delete makes us the holder with no read.
-	owner bool
+	// A lock's waiter: owner means watch is the only key that blocks us, so
+	// that its delete makes us the holder with no read. rest are the keys
+	// older than ours after watch, newest first, as far as the read that
+	// gave the place saw them (all of them if complete): keys older than
+	// ours only ever go, so when watch goes, the next one still there is our
+	// predecessor, found by reading these keys alone.
+	owner    bool
+	rest     []older
+	complete bool
+}
+
+// An older key is a key of the queue created before ours.
+type older struct {
+	key string
+	rev int64
 }
 
 func (p place) holds() bool { return p.watch == "" }
@@ -443,17 +460,55 @@ func (t *ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, 
 			}
 		}
 		return place{}, nil
+	case len(p.rest) > 0 || p.complete:
+		// The key we watched went: the next older one still there, if
+		// any, is our predecessor.
+		return t.readRest(ctx, p)
 	}
 	next, err := t.read(ctx)
 	return changed(p, next), err
 }
 
+// readRest reads which of p's rest of older keys are still there, guarded
+// by our key: the newest one is our predecessor; if none is and p saw every
+// older key, we hold; else it reads our place in full.
+func (t *ticket) readRest(ctx context.Context, p place) (place, error) {
+	ops := make([]clientv3.Op, len(p.rest))
+	for i, o := range p.rest {
+		ops[i] = clientv3.OpGet(o.key, clientv3.WithKeysOnly())
+	}
+	resp, err := t.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
+		Then(ops...).
+		Commit()
+	switch {
+	case err != nil:
+		return place{}, err
+	case resp == nil || resp.Header == nil || len(resp.Responses) != len(ops) && resp.Succeeded:
+		return place{}, errMalformed
+	case !resp.Succeeded:
+		return place{}, errKeyGone
+	}
+	for i, o := range p.rest {
+		rr := resp.Responses[i].GetResponseRange()
+		if rr == nil {
+			return place{}, errMalformed
+		}
+		if len(rr.Kvs) == 1 && rr.Kvs[0].CreateRevision == o.rev {
+			rest := p.rest[i+1:]
+			return place{seen: resp.Header.Revision, watch: o.key, rest: rest, complete: p.complete, owner: p.complete && len(rest) == 0}, nil
+		}
+	}
+	if p.complete {
+		return place{seen: resp.Header.Revision}, nil
+	}
+	return t.read(ctx)
+}
+
 // changed returns next if it differs from p in what to watch, and otherwise
 // the zero place: nothing to do but go on waiting.
 func changed(p, next place) place {
-	same := next
-	same.seen, same.next = p.seen, p.next
-	if same == p {
+	if next.watch == p.watch && next.prefix == p.prefix && next.puts == p.puts && next.owner == p.owner {
 		return place{}
 	}
 	return next
@@ -663,10 +718,10 @@ func (r *rule) newest() []clientv3.Op {
 	if r.limit > 0 {
 		return r.all(0)
 	}
-	// Our new key is the newest in etcd, so the three newest keys under the
-	// prefix are ours, usually our predecessor, and a third if there is
-	// one: without it, our predecessor is the holder.
-	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(3),
+	// Our new key is the newest in etcd, so the newest keys under the
+	// prefix are ours, usually our predecessor, and those before it: who
+	// comes next when it goes (see place.rest).
+	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(window+1),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
 }
 
@@ -710,7 +765,7 @@ func (r *rule) older(rev int64, full bool) []clientv3.Op {
 	case full:
 		return r.all(rev)
 	}
-	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
+	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(window),
 		clientv3.WithMaxCreateRev(rev-1), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
 }
 
@@ -739,7 +794,7 @@ func (r *rule) placeNew(key string, replies []*pb.ResponseOp, rev int64) (place,
 	if r.limit > 0 {
 		return r.count(kvs, rev)
 	}
-	return r.lockPlace(kvs, len(rr.Kvs) < 3, rev), nil
+	return r.lockPlace(kvs, len(rr.Kvs) < window+1, rev), nil
 }
 
 // placeOlder reads the place of the key at rev from the replies of
@@ -770,7 +825,7 @@ func (r *rule) placeOlder(replies []*pb.ResponseOp, rev, seen int64, full bool) 
 		slices.Reverse(newestFirst)
 		return r.lockPlace(newestFirst, true, seen), nil
 	}
-	return r.lockPlace(older, len(older) < 2, seen), nil
+	return r.lockPlace(older, len(older) < window, seen), nil
 }
 
 // placeFirst reads what blocks a key put now from the reply of oldest(),
@@ -817,7 +872,11 @@ func (r *rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, seen int
 	if len(members) == 0 {
 		return place{seen: seen}
 	}
-	return place{seen: seen, watch: string(members[0].Key), owner: complete && len(members) == 1}
+	rest := make([]older, len(members)-1)
+	for i, kv := range members[1:] {
+		rest[i] = older{key: string(kv.Key), rev: kv.CreateRevision}
+	}
+	return place{seen: seen, watch: string(members[0].Key), rest: rest, complete: complete, owner: complete && len(rest) == 0}
 }
 
 // count reads a semaphore's place from every key older than ours, oldest
