@@ -96,8 +96,18 @@ type place struct {
 	// ours only ever go, so when watch goes, the next one still there is our
 	// predecessor, found by reading these keys alone.
 	owner    bool
+	watchRev int64 // watch's create revision
 	rest     []older
 	complete bool
+}
+
+// ahead returns the keys of a lock's place that may still block us: watch,
+// then rest.
+func (p place) ahead() []older {
+	if p.watchRev == 0 {
+		return nil
+	}
+	return append([]older{{key: p.watch, rev: p.watchRev}}, p.rest...)
 }
 
 // An older key is a key of the queue created before ours.
@@ -160,8 +170,9 @@ func (t *ticket) enter(ctx context.Context, wait time.Duration) error {
 }
 
 // enqueue puts our key, if it is not there, and reads its place, in one Txn.
-// When nothing is under the blocking prefix, it only puts: we hold, and
-// there is nothing to read.
+// (A compare on the prefix being empty could save the read when nobody
+// holds, but etcd reads every key of the range to compare it: with a long
+// queue, each enqueue would read all of it.)
 func (t *ticket) enqueue(ctx context.Context) (place, error) {
 	c := t.s.client
 	// D3: if ctx ends while etcd applies the Txn, wait a little for the
@@ -171,18 +182,15 @@ func (t *ticket) enqueue(ctx context.Context) (place, error) {
 	defer cancel()
 	t.dirty = true
 	resp, err := c.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "=", 0).WithPrefix()).
-		Then(t.put()).
-		Else(clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)},
-			append([]clientv3.Op{t.put()}, t.rule.newest()...),
-			[]clientv3.Op{clientv3.OpGet(t.key)})).
+		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
+		Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
+		Else(clientv3.OpGet(t.key)).
 		Commit()
 	if err != nil {
 		// D3: the Txn may have been applied though the reply was lost.
 		return place{}, err
 	}
-	p, err := t.entered(resp)
+	p, err := t.placed(resp)
 	if err != nil {
 		return p, err
 	}
@@ -252,26 +260,6 @@ func (t *ticket) try(ctx context.Context) (place, error) {
 // put is the Op that puts our key with the Session's lease.
 func (t *ticket) put() clientv3.Op {
 	return clientv3.OpPut(t.key, t.value, clientv3.WithLease(t.s.Lease()))
-}
-
-// entered reads the reply of enqueue's Txn: the put alone, into an empty
-// queue, or the reply of the Txn nested in its else-branch (see placed).
-func (t *ticket) entered(resp *clientv3.TxnResponse) (place, error) {
-	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 || len(resp.Responses) != 1 {
-		return place{}, errMalformed
-	}
-	if resp.Succeeded {
-		if resp.Responses[0].GetResponsePut() == nil {
-			return place{}, errMalformed
-		}
-		t.rev = resp.Header.Revision
-		return place{seen: t.rev}, nil
-	}
-	inner := resp.Responses[0].GetResponseTxn()
-	if inner == nil {
-		return place{}, errMalformed
-	}
-	return t.placed(&clientv3.TxnResponse{Header: resp.Header, Succeeded: inner.Succeeded, Responses: inner.Responses})
 }
 
 // placed reads the reply of a Txn that put our key if it was absent and then
@@ -446,7 +434,13 @@ func (t *ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, 
 		return place{}, ctx.Err()
 	case !ok:
 		return place{}, errWatchClosed
-	case wr.Err() != nil, wr.Created && wr.Header.Revision != p.seen:
+	case wr.Err() != nil:
+	case wr.Created && wr.Header.Revision != p.seen && p.watchRev != 0:
+		// A lock's place changes only when a key ahead of ours goes: are
+		// they still there?
+		next, err := t.readAhead(ctx, p, p.ahead())
+		return changed(p, next), err
+	case wr.Created && wr.Header.Revision != p.seen:
 	case len(wr.Events) == 0:
 		return place{}, nil
 	case t.ownerRange(p):
@@ -463,18 +457,18 @@ func (t *ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, 
 	case len(p.rest) > 0 || p.complete:
 		// The key we watched went: the next older one still there, if
 		// any, is our predecessor.
-		return t.readRest(ctx, p)
+		return t.readAhead(ctx, p, p.rest)
 	}
 	next, err := t.read(ctx)
 	return changed(p, next), err
 }
 
-// readRest reads which of p's rest of older keys are still there, guarded
-// by our key: the newest one is our predecessor; if none is and p saw every
-// older key, we hold; else it reads our place in full.
-func (t *ticket) readRest(ctx context.Context, p place) (place, error) {
-	ops := make([]clientv3.Op, len(p.rest))
-	for i, o := range p.rest {
+// readAhead reads which of the keys ahead (of p, newest first) are still
+// there, guarded by our key: the newest one is our predecessor; if none is
+// and p saw every older key, we hold; else it reads our place in full.
+func (t *ticket) readAhead(ctx context.Context, p place, ahead []older) (place, error) {
+	ops := make([]clientv3.Op, len(ahead))
+	for i, o := range ahead {
 		ops[i] = clientv3.OpGet(o.key, clientv3.WithKeysOnly())
 	}
 	resp, err := t.s.client.Txn(ctx).
@@ -489,14 +483,14 @@ func (t *ticket) readRest(ctx context.Context, p place) (place, error) {
 	case !resp.Succeeded:
 		return place{}, errKeyGone
 	}
-	for i, o := range p.rest {
+	for i, o := range ahead {
 		rr := resp.Responses[i].GetResponseRange()
 		if rr == nil {
 			return place{}, errMalformed
 		}
 		if len(rr.Kvs) == 1 && rr.Kvs[0].CreateRevision == o.rev {
-			rest := p.rest[i+1:]
-			return place{seen: resp.Header.Revision, watch: o.key, rest: rest, complete: p.complete, owner: p.complete && len(rest) == 0}, nil
+			rest := ahead[i+1:]
+			return place{seen: resp.Header.Revision, watch: o.key, watchRev: o.rev, rest: rest, complete: p.complete, owner: p.complete && len(rest) == 0}, nil
 		}
 	}
 	if p.complete {
@@ -876,7 +870,7 @@ func (r *rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, seen int
 	for i, kv := range members[1:] {
 		rest[i] = older{key: string(kv.Key), rev: kv.CreateRevision}
 	}
-	return place{seen: seen, watch: string(members[0].Key), rest: rest, complete: complete, owner: complete && len(rest) == 0}
+	return place{seen: seen, watch: string(members[0].Key), watchRev: members[0].CreateRevision, rest: rest, complete: complete, owner: complete && len(rest) == 0}
 }
 
 // count reads a semaphore's place from every key older than ours, oldest
