@@ -67,6 +67,8 @@ type rule struct {
 	// accept checks an older key's value (a semaphore's limit); nil: values
 	// are not read.
 	accept func(value []byte) error
+	// busy: the last try with this rule found the queue blocked.
+	busy atomic.Bool
 }
 
 // A ticket is one key of ours in a queue, from its enqueue to its release.
@@ -208,17 +210,35 @@ func (t *ticket) enqueue(ctx context.Context) (place, error) {
 // try puts our key only if it would hold at once, and writes nothing
 // otherwise: the first Txn assumes the queue is empty; if it is not, its
 // reply says whether the keys there block us, and the next Txn puts our key
-// only if no key was added since that read.
-func (t *ticket) try(ctx context.Context) (place, error) {
+// only if no key was added since that read. A Txn that may put goes through
+// etcd's raft log even when its compare fails, so after a try of this rule
+// found the queue blocked, the next one reads first (a read-only Txn, no
+// raft): a lock polled while held costs one read a try.
+func (t *ticket) try(ctx context.Context) (p place, err error) {
+	defer func() { t.rule.busy.Store(err == nil && !p.holds()) }()
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
 	unchanged := clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "=", 0).WithPrefix()
+	if t.rule.busy.Load() {
+		resp, err := t.s.client.Txn(rctx).Then(t.blockers()...).Commit()
+		if err != nil {
+			return place{}, err
+		}
+		p, adopt, err := t.blocked(ctx, resp)
+		switch {
+		case adopt:
+			return t.enqueue(ctx)
+		case err != nil || !p.holds():
+			return p, err
+		}
+		unchanged = clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "<", p.seen+1).WithPrefix()
+	}
 	for {
 		t.dirty = true
 		resp, err := t.s.client.Txn(rctx).
 			If(unchanged, clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
 			Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
-			Else(clientv3.OpGet(t.key, clientv3.WithKeysOnly()), t.rule.oldest()).
+			Else(t.blockers()...).
 			Commit()
 		if err != nil {
 			return place{}, err
@@ -234,27 +254,42 @@ func (t *ticket) try(ctx context.Context) (place, error) {
 			return p, err
 		}
 		t.dirty = false
-		if len(resp.Responses) != 2 {
-			return place{}, errMalformed
-		}
-		mine := resp.Responses[0].GetResponseRange()
-		if mine == nil {
-			return place{}, errMalformed
-		}
-		if len(mine.Kvs) > 0 {
-			// Our key is there already (WithLease): take it as it is.
+		p, adopt, err := t.blocked(ctx, resp)
+		switch {
+		case adopt:
 			return t.enqueue(ctx)
-		}
-		p, err := t.rule.placeFirst(resp.Responses[1].GetResponseRange(), resp.Header.Revision)
-		if err == nil && p.seen == 0 {
-			// A nested key came first (D11): read every key.
-			p, err = t.readAll(ctx)
-		}
-		if err != nil || !p.holds() {
+		case err != nil || !p.holds():
 			return p, err
 		}
-		unchanged = clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "<", resp.Header.Revision+1).WithPrefix()
+		unchanged = clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "<", p.seen+1).WithPrefix()
 	}
+}
+
+// blockers are the Ops of a try that read our key and what blocks a key put
+// now.
+func (t *ticket) blockers() []clientv3.Op {
+	return []clientv3.Op{clientv3.OpGet(t.key, clientv3.WithKeysOnly()), t.rule.oldest()}
+}
+
+// blocked reads the reply of blockers: the place a key put now would have,
+// or adopt when our key is there already (WithLease: take it as it is).
+func (t *ticket) blocked(ctx context.Context, resp *clientv3.TxnResponse) (p place, adopt bool, err error) {
+	if resp == nil || resp.Header == nil || len(resp.Responses) != 2 {
+		return place{}, false, errMalformed
+	}
+	mine := resp.Responses[0].GetResponseRange()
+	if mine == nil {
+		return place{}, false, errMalformed
+	}
+	if len(mine.Kvs) > 0 {
+		return place{}, true, nil
+	}
+	p, err = t.rule.placeFirst(resp.Responses[1].GetResponseRange(), resp.Header.Revision)
+	if err == nil && p.seen == 0 {
+		// A nested key came first (D11): read every key.
+		p, err = t.readAll(ctx)
+	}
+	return p, false, err
 }
 
 // put is the Op that puts our key with the Session's lease.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/petermattis/goid"
 )
@@ -21,8 +22,9 @@ type lockState struct {
 	s    *Session
 	name string
 
+	retired atomic.Bool // removed from the Session: fetch the live record; set under mu
+
 	mu       sync.Mutex
-	retired  bool
 	busy     bool      // the turn is taken: by the holder, an acquirer, or a cleanup
 	queue    []*waiter // local goroutines waiting for the turn, oldest first
 	owner    int64     // goroutine id of the holder; 0 when not held
@@ -46,16 +48,18 @@ type scope struct {
 	holds int // holds taken through the scope by other goroutines; guarded by the record's mu
 }
 
-// scopeKey is the context key of a lock's scope.
-type scopeKey struct {
-	s    *Session
-	name string
-}
+// scopeKey is the context key of a lock's scope: the lock's record, which
+// cannot be retired while a scope is open (its lock is held). One pointer:
+// looking it up allocates nothing.
+type scopeKey struct{ st *lockState }
 
 // scopeOf returns the open scope ctx carries for the lock, nil if none. st.mu
 // must be held.
 func (st *lockState) scopeOf(ctx context.Context) *scope {
-	sc, _ := ctx.Value(scopeKey{st.s, st.name}).(*scope)
+	if len(st.scopes) == 0 {
+		return nil
+	}
+	sc, _ := ctx.Value(scopeKey{st}).(*scope)
 	if sc == nil || !slices.Contains(st.scopes, sc) {
 		return nil
 	}
@@ -79,7 +83,7 @@ func (st *lockState) openScope(ctx context.Context) (context.Context, *scope) {
 	st.mu.Lock()
 	st.scopes = append(st.scopes, sc)
 	st.mu.Unlock()
-	return context.WithValue(ctx, scopeKey{st.s, st.name}, sc), sc
+	return context.WithValue(ctx, scopeKey{st}, sc), sc
 }
 
 // closeScope ends sc, and the holds its goroutines still have.
@@ -105,7 +109,7 @@ const (
 // is set; nil if there is none, which means that nothing in this process
 // holds or awaits the lock.
 func (m *Mutex) state(create bool) *lockState {
-	if st := m.st.Load(); st != nil && !st.isRetired() {
+	if st := m.st.Load(); st != nil && !st.retired.Load() {
 		return st
 	}
 	m.s.mu.Lock()
@@ -121,12 +125,6 @@ func (m *Mutex) state(create bool) *lockState {
 	return st
 }
 
-func (st *lockState) isRetired() bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.retired
-}
-
 // enter starts an acquisition by the calling goroutine, with ctx: a re-lock
 // if it holds the lock (or ctx carries the holder's scope), else the turn if
 // it is free, else a place in the local queue (none for a try). It returns
@@ -136,7 +134,7 @@ func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool)
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.retired {
+	if st.retired.Load() {
 		return 0, nil, false
 	}
 	if st.owner != 0 && st.owner == gid {
@@ -213,12 +211,16 @@ func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	switch sc := st.scopeOf(ctx); {
-	case st.retired || st.owner == 0:
+	switch {
+	case st.retired.Load() || st.owner == 0:
 		return notHolder, nil
 	case st.owner == gid && (len(st.scopes) == 0 || st.ownHolds() > 1):
 		// While a scope is open, the owner's last hold is Do's.
-	case st.owner != gid && sc != nil && sc.holds > 0:
+	case st.owner != gid:
+		sc := st.scopeOf(ctx)
+		if sc == nil || sc.holds == 0 {
+			return notHolder, nil
+		}
 		sc.holds--
 	default:
 		return notHolder, nil
@@ -274,7 +276,7 @@ func (st *lockState) passTurn() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if !st.busy && len(st.queue) == 0 && s.locks[st.name] == st {
-		st.retired = true
+		st.retired.Store(true)
 		delete(s.locks, st.name)
 	}
 }
