@@ -453,6 +453,44 @@ func BenchmarkTryLockHeld(b *testing.B) {
 	})
 }
 
+// BenchmarkTryLockFree: TryLock on a free lock, then UnlockContext (upstream:
+// TryLock(ctx) and Unlock(ctx)). One op is the pair; rpcs/op counts both.
+func BenchmarkTryLockFree(b *testing.B) {
+	e := startBench(b)
+	b.Run("etcdlock", func(b *testing.B) {
+		ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+		defer cancel()
+		m := etcdlock.NewMutex(benchSession(b, e.client(b)), benchName(b))
+		mt := e.startMeter(b)
+		for b.Loop() {
+			if !m.TryLock() {
+				b.Fatal("TryLock of a free lock: got false")
+			}
+			if err := m.UnlockContext(ctx); err != nil {
+				b.Fatalf("UnlockContext: %v", err)
+			}
+		}
+		b.StopTimer()
+		mt.report(b, b.N)
+	})
+	b.Run("upstream", func(b *testing.B) {
+		ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+		defer cancel()
+		m := concurrency.NewMutex(benchUpstreamSession(b, e.client(b), etcdlock.DefaultTTL), benchName(b))
+		mt := e.startMeter(b)
+		for b.Loop() {
+			if err := m.TryLock(ctx); err != nil {
+				b.Fatalf("TryLock of a free lock: %v", err)
+			}
+			if err := m.Unlock(ctx); err != nil {
+				b.Fatalf("Unlock: %v", err)
+			}
+		}
+		b.StopTimer()
+		mt.report(b, b.N)
+	})
+}
+
 // benchCounts are the numbers of holders or locks of the scaling benchmarks.
 var benchCounts = []int{2, 8, 32}
 

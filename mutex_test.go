@@ -457,10 +457,10 @@ func TestWaiterKeyDeletedWithHolder(t *testing.T) {
 	}
 }
 
-// TestWaiterSkipsGoneKeys: waiters ahead of us that leave, one at a time or
-// several at once, move us up the queue, and we get the lock only when the
-// last key ahead of us goes, whether our reads saw it (the newest keys ahead)
-// or not (further ahead).
+// TestWaiterSkipsGoneKeys: waiters ahead of us that leave, several at once,
+// move us up the queue, and we get the lock only when the last key ahead of
+// us goes, whether our reads saw it (the newest keys ahead) or not (further
+// ahead).
 func TestWaiterSkipsGoneKeys(t *testing.T) {
 	_, client := startServer(t)
 	ctx := testContext(t)
@@ -480,9 +480,8 @@ func TestWaiterSkipsGoneKeys(t *testing.T) {
 	us := lockInGoroutine(t, ctx, oursOn(newSession(t, client), name))
 	eventually(t, "us queued", func() bool { return len(lockKeys(t, client, name)) == 7 })
 
-	// The two keys just ahead of us go in one Txn, then the next two: the
-	// second of those is the last our reads saw. (Their waiters queue again,
-	// behind us.)
+	// The two keys just ahead of us go in one Txn, then the next two.
+	// (Their waiters queue again, behind us.)
 	for _, gone := range [][]int{{4, 3}, {2, 1}} {
 		if _, err := client.Txn(ctx).Then(clientv3.OpDelete(keys[gone[0]]), clientv3.OpDelete(keys[gone[1]])).Commit(); err != nil {
 			t.Fatal(err)

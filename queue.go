@@ -39,9 +39,9 @@ const (
 )
 
 // window is how many older keys a lock's reads of its place bring: the
-// predecessor, and who comes next when it goes, so that a long queue is
-// read in full (sorted by etcd) only once every window releases.
-const window = 4
+// predecessor, and one more if there is one, which says whether the
+// predecessor is the holder.
+const window = 2
 
 // How long an acquisition waits for the holders to leave.
 const (
@@ -92,30 +92,10 @@ type place struct {
 	puts   bool   // also wake on a put of watch (a semaphore waiter: its predecessor's admission)
 	next   bool   // a key is queued behind ours
 	// A lock's waiter: owner means watch is the only key that blocks us, so
-	// that its delete makes us the holder with no read. rest are the keys
-	// older than ours after watch, newest first, as far as the read that
-	// gave the place saw them (all of them if complete): keys older than
-	// ours only ever go, so when watch goes, the next one still there is our
-	// predecessor, found by reading these keys alone.
+	// that its delete makes us the holder with no read; watchRev is watch's
+	// create revision.
 	owner    bool
-	watchRev int64 // watch's create revision
-	rest     []older
-	complete bool
-}
-
-// ahead returns the keys of a lock's place that may still block us: watch,
-// then rest.
-func (p place) ahead() []older {
-	if p.watchRev == 0 {
-		return nil
-	}
-	return append([]older{{key: p.watch, rev: p.watchRev}}, p.rest...)
-}
-
-// An older key is a key of the queue created before ours.
-type older struct {
-	key string
-	rev int64
+	watchRev int64
 }
 
 func (p place) holds() bool { return p.watch == "" }
@@ -219,34 +199,24 @@ func (t *ticket) try(ctx context.Context) (p place, err error) {
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
 	unchanged := clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "=", 0).WithPrefix()
-	if t.rule.busy.Load() {
-		resp, err := t.s.client.Txn(rctx).Then(t.blockers()...).Commit()
-		if err != nil {
-			return place{}, err
+	for readFirst := t.rule.busy.Load(); ; readFirst = false {
+		txn := t.s.client.Txn(rctx)
+		if readFirst {
+			txn = txn.Then(t.blockers()...)
+		} else {
+			t.dirty = true
+			txn = txn.If(unchanged, clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
+				Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
+				Else(t.blockers()...)
 		}
-		p, adopt, err := t.blocked(ctx, resp)
-		switch {
-		case adopt:
-			return t.enqueue(ctx)
-		case err != nil || !p.holds():
-			return p, err
-		}
-		unchanged = clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "<", p.seen+1).WithPrefix()
-	}
-	for {
-		t.dirty = true
-		resp, err := t.s.client.Txn(rctx).
-			If(unchanged, clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
-			Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
-			Else(t.blockers()...).
-			Commit()
+		resp, err := txn.Commit()
 		if err != nil {
 			return place{}, err
 		}
 		if resp == nil || resp.Header == nil {
 			return place{}, errMalformed
 		}
-		if resp.Succeeded {
+		if resp.Succeeded && !readFirst {
 			p, err := t.placed(resp)
 			if err == nil && p.seen == 0 {
 				p, err = t.read(ctx)
@@ -471,10 +441,10 @@ func (t *ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, 
 		return place{}, errWatchClosed
 	case wr.Err() != nil:
 	case wr.Created && wr.Header.Revision != p.seen && p.watchRev != 0:
-		// A lock's place changes only when a key ahead of ours goes: are
-		// they still there?
-		next, err := t.readAhead(ctx, p, p.ahead())
-		return changed(p, next), err
+		// A lock's place changes only when the key we watch goes: is it
+		// still there? (A read of one key, where the place's read sorts the
+		// queue.)
+		return t.stillThere(ctx, p)
 	case wr.Created && wr.Header.Revision != p.seen:
 	case len(wr.Events) == 0:
 		return place{}, nil
@@ -489,49 +459,34 @@ func (t *ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, 
 			}
 		}
 		return place{}, nil
-	case len(p.rest) > 0 || p.complete:
-		// The key we watched went: the next older one still there, if
-		// any, is our predecessor.
-		return t.readAhead(ctx, p, p.rest)
 	}
 	next, err := t.read(ctx)
 	return changed(p, next), err
 }
 
-// readAhead reads which of the keys ahead (of p, newest first) are still
-// there, guarded by our key: the newest one is our predecessor; if none is
-// and p saw every older key, we hold; else it reads our place in full.
-func (t *ticket) readAhead(ctx context.Context, p place, ahead []older) (place, error) {
-	ops := make([]clientv3.Op, len(ahead))
-	for i, o := range ahead {
-		ops[i] = clientv3.OpGet(o.key, clientv3.WithKeysOnly())
-	}
+// stillThere reads whether the key a lock's place p watches is still there,
+// guarded by our key: if it is, nothing changed (the zero place); else it
+// reads our place.
+func (t *ticket) stillThere(ctx context.Context, p place) (place, error) {
 	resp, err := t.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
-		Then(ops...).
+		Then(clientv3.OpGet(p.watch, clientv3.WithKeysOnly())).
 		Commit()
 	switch {
 	case err != nil:
 		return place{}, err
-	case resp == nil || resp.Header == nil || len(resp.Responses) != len(ops) && resp.Succeeded:
+	case resp == nil || resp.Header == nil:
 		return place{}, errMalformed
 	case !resp.Succeeded:
 		return place{}, errKeyGone
+	case len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil:
+		return place{}, errMalformed
 	}
-	for i, o := range ahead {
-		rr := resp.Responses[i].GetResponseRange()
-		if rr == nil {
-			return place{}, errMalformed
-		}
-		if len(rr.Kvs) == 1 && rr.Kvs[0].CreateRevision == o.rev {
-			rest := ahead[i+1:]
-			return place{seen: resp.Header.Revision, watch: o.key, watchRev: o.rev, rest: rest, complete: p.complete, owner: p.complete && len(rest) == 0}, nil
-		}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && kvs[0].CreateRevision == p.watchRev {
+		return place{}, nil
 	}
-	if p.complete {
-		return place{seen: resp.Header.Revision}, nil
-	}
-	return t.read(ctx)
+	next, err := t.read(ctx)
+	return changed(p, next), err
 }
 
 // changed returns next if it differs from p in what to watch, and otherwise
@@ -748,8 +703,8 @@ func (r *rule) newest() []clientv3.Op {
 		return r.all(0)
 	}
 	// Our new key is the newest in etcd, so the newest keys under the
-	// prefix are ours, usually our predecessor, and those before it: who
-	// comes next when it goes (see place.rest).
+	// prefix are ours, usually our predecessor, and the one before it, if
+	// any.
 	return []clientv3.Op{clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(window+1),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
 }
@@ -901,11 +856,7 @@ func (r *rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, seen int
 	if len(members) == 0 {
 		return place{seen: seen}
 	}
-	rest := make([]older, len(members)-1)
-	for i, kv := range members[1:] {
-		rest[i] = older{key: string(kv.Key), rev: kv.CreateRevision}
-	}
-	return place{seen: seen, watch: string(members[0].Key), watchRev: members[0].CreateRevision, rest: rest, complete: complete, owner: complete && len(rest) == 0}
+	return place{seen: seen, watch: string(members[0].Key), watchRev: members[0].CreateRevision, owner: complete && len(members) == 1}
 }
 
 // count reads a semaphore's place from every key older than ours, oldest

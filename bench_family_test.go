@@ -1,0 +1,202 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+// Benchmarks of the rest of the family: RWMutex beside etcd's recipe
+// RWMutex, Semaphore at several limits, and the cost of observing.
+
+// benchShared runs the lockers, a goroutine each, lock then unlock in a
+// loop, b.N acquisitions in all, and reports acq/s and max-inside, the most
+// holders inside at once; it fails if they were more than limit (0: no
+// limit).
+func benchShared(b *testing.B, e *benchServer, lockers []benchLocker, limit int) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	var claimed, inside, most atomic.Int64
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var firstErr error
+	mt := e.startMeter(b)
+	start := time.Now()
+	for i, l := range lockers {
+		wg.Go(func() {
+			for claimed.Add(1) <= int64(b.N) {
+				if err := l.Lock(ctx); err != nil {
+					errOnce.Do(func() { firstErr = fmt.Errorf("holder %d: lock: %w", i, err) })
+					return
+				}
+				raise(&most, inside.Add(1))
+				inside.Add(-1)
+				if err := l.Unlock(ctx); err != nil {
+					errOnce.Do(func() { firstErr = fmt.Errorf("holder %d: unlock: %w", i, err) })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+	if limit > 0 && most.Load() > int64(limit) {
+		b.Fatalf("holders inside at once: got %d, want at most %d", most.Load(), limit)
+	}
+	mt.report(b, b.N)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "acq/s")
+	b.ReportMetric(float64(most.Load()), "max-inside")
+}
+
+// raise makes m at least n.
+func raise(m *atomic.Int64, n int64) {
+	for old := m.Load(); n > old && !m.CompareAndSwap(old, n); old = m.Load() {
+		// Another holder raised it meanwhile: look again.
+	}
+}
+
+// readLocker and writeLocker take an etcdlock.RWMutex's read and write
+// sides; recipeReader and recipeWriter, the recipe's.
+type (
+	readLocker   struct{ rw *etcdlock.RWMutex }
+	writeLocker  struct{ rw *etcdlock.RWMutex }
+	recipeReader struct{ rw *recipe.RWMutex }
+	recipeWriter struct{ rw *recipe.RWMutex }
+)
+
+func (l readLocker) Lock(ctx context.Context) error    { return l.rw.RLockContext(ctx) }
+func (l readLocker) Unlock(ctx context.Context) error  { return l.rw.RUnlockContext(ctx) }
+func (l writeLocker) Lock(ctx context.Context) error   { return l.rw.LockContext(ctx) }
+func (l writeLocker) Unlock(ctx context.Context) error { return l.rw.UnlockContext(ctx) }
+
+// The recipe has no context: its calls block until done.
+func (l recipeReader) Lock(context.Context) error   { return l.rw.RLock() }
+func (l recipeReader) Unlock(context.Context) error { return l.rw.RUnlock() }
+func (l recipeWriter) Lock(context.Context) error   { return l.rw.Lock() }
+func (l recipeWriter) Unlock(context.Context) error { return l.rw.Unlock() }
+
+// BenchmarkRWMutex: 4 sessions that only read (they hold together: the
+// cost of a read hold), and 2 sessions that only write (a writer's hand-off),
+// beside etcd's recipe RWMutex. One op is one acquisition.
+func BenchmarkRWMutex(b *testing.B) {
+	e := startBench(b)
+	for _, tc := range []struct {
+		name  string
+		n     int
+		write bool
+		limit int // holders at once: 0, any number
+	}{{"readers=4", 4, false, 0}, {"writers=2", 2, true, 1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.Run("etcdlock", func(b *testing.B) {
+				name := benchName(b)
+				lockers := make([]benchLocker, tc.n)
+				for i := range lockers {
+					rw := etcdlock.NewRWMutex(benchSession(b, e.client(b)), name)
+					lockers[i] = readLocker{rw}
+					if tc.write {
+						lockers[i] = writeLocker{rw}
+					}
+				}
+				benchShared(b, e, lockers, tc.limit)
+			})
+			b.Run("recipe", func(b *testing.B) {
+				name := benchName(b)
+				lockers := make([]benchLocker, tc.n)
+				for i := range lockers {
+					rw := recipe.NewRWMutex(benchUpstreamSession(b, e.client(b), etcdlock.DefaultTTL), name)
+					lockers[i] = recipeReader{rw}
+					if tc.write {
+						lockers[i] = recipeWriter{rw}
+					}
+				}
+				benchShared(b, e, lockers, tc.limit)
+			})
+		})
+	}
+}
+
+// permitLocker takes one permit of a Semaphore at a time; used by one
+// goroutine.
+type permitLocker struct {
+	sem *etcdlock.Semaphore
+	p   *etcdlock.Permit
+}
+
+func (l *permitLocker) Lock(ctx context.Context) (err error) {
+	l.p, err = l.sem.Acquire(ctx)
+	return err
+}
+
+func (l *permitLocker) Unlock(ctx context.Context) error {
+	if l.p == nil {
+		return errors.New("no permit held")
+	}
+	err := l.p.Release(ctx)
+	l.p = nil
+	return err
+}
+
+// BenchmarkSemaphore: twice limit sessions (at least 2) share a Semaphore of
+// limit 1, 4 and 16, each taking one permit at a time; the Mutex rate to
+// compare with is BenchmarkContended's. One op is one acquisition.
+func BenchmarkSemaphore(b *testing.B) {
+	e := startBench(b)
+	for _, limit := range []int{1, 4, 16} {
+		b.Run(fmt.Sprintf("limit=%d/etcdlock", limit), func(b *testing.B) {
+			name := benchName(b)
+			lockers := make([]benchLocker, max(2, 2*limit))
+			for i := range lockers {
+				lockers[i] = &permitLocker{sem: etcdlock.NewSemaphore(benchSession(b, e.client(b)), name, limit)}
+			}
+			benchShared(b, e, lockers, limit)
+		})
+	}
+}
+
+// BenchmarkObserver: the uncontended pair with no observer, with an
+// Observer that does nothing, and with WithLogger at Debug writing text to
+// nowhere: what observing costs the lock path. One op is a LockContext and
+// an UnlockContext.
+func BenchmarkObserver(b *testing.B) {
+	e := startBench(b)
+	for _, tc := range []struct {
+		name string
+		opts []etcdlock.SessionOption
+	}{
+		{"none", nil},
+		{"observer", []etcdlock.SessionOption{etcdlock.WithObserver(etcdlock.ObserverFunc(func(etcdlock.Event) {}))}},
+		{"logger", []etcdlock.SessionOption{etcdlock.WithLogger(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug})))}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			m := etcdlock.NewMutex(benchSession(b, e.client(b), tc.opts...), benchName(b))
+			ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+			defer cancel()
+			mt := e.startMeter(b)
+			for b.Loop() {
+				if err := m.LockContext(ctx); err != nil {
+					b.Fatalf("LockContext: %v", err)
+				}
+				if err := m.UnlockContext(ctx); err != nil {
+					b.Fatalf("UnlockContext: %v", err)
+				}
+			}
+			b.StopTimer()
+			mt.report(b, b.N)
+		})
+	}
+}
