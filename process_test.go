@@ -2,7 +2,6 @@ package etcdlock_test
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/syncbuf"
 )
 
 // The process test runs holders as separate OS processes: this test binary,
@@ -265,7 +265,7 @@ type holderProc struct {
 	slot    int // its proxy's
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
-	stderr  *syncBuffer
+	stderr  *syncbuf.Buffer
 	waiting chan int64     // the tokens of its Waiting lines
 	exited  chan struct{}  // closed once it has exited and its output is read
 	err     error          // of Wait, once exited
@@ -273,24 +273,6 @@ type holderProc struct {
 	acks    []time.Time    // its keep-alive acknowledgements; guarded by processRun.mu
 	ended   []time.Time    // when its Sessions ended; guarded by processRun.mu
 	holds   map[int64]bool // tokens it acquired; guarded by processRun.mu
-}
-
-// syncBuffer is a bytes.Buffer safe for the writer goroutine of exec.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // processRun is the state of one run of the process test.
@@ -591,7 +573,7 @@ func (r *processRun) start(slot int) *holderProc {
 		Register: r.register, TTL: r.cfg.ttl, ID: id, Seed: r.seed})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), holderEnv+"="+string(cfg))
-	p := &holderProc{id: id, slot: slot, cmd: cmd, stderr: &syncBuffer{}, waiting: make(chan int64, 1),
+	p := &holderProc{id: id, slot: slot, cmd: cmd, stderr: &syncbuf.Buffer{}, waiting: make(chan int64, 1),
 		exited: make(chan struct{}), holds: make(map[int64]bool)}
 	cmd.Stderr = p.stderr
 	var inErr error

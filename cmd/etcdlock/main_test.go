@@ -1,17 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/etcdlock/etcdlock/internal/syncbuf"
 )
 
 // asMain makes the test binary act as etcdlock: the tests run the command
@@ -45,28 +45,9 @@ type result struct {
 // proc is an etcdlock process started by a test.
 type proc struct {
 	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
+	stdout syncbuf.Buffer
+	stderr syncbuf.Buffer
 	start  time.Time
-}
-
-// syncBuffer is a bytes.Buffer that a test may read while the process
-// writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // startCLI starts etcdlock with args, with the environment of the test

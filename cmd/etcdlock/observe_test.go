@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/syncbuf"
 )
 
 // TestRunMetrics runs etcdlock run with --metrics-addr and --log-level in
@@ -24,7 +25,7 @@ func TestRunMetrics(t *testing.T) {
 	name := lockName(t)
 	dir := t.TempDir()
 	ready, finish := filepath.Join(dir, "ready"), filepath.Join(dir, "finish")
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	args := []string{"run", "--endpoints", srv.Endpoints()[0], "--metrics-addr", "127.0.0.1:0", "--log-level", "debug",
 		name, "--", "sh", "-c", `echo ready >"$0"; while [ ! -e "$1" ]; do sleep 0.05; done`, ready, finish}
 	code := -1
