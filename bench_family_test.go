@@ -63,13 +63,6 @@ func benchShared(b *testing.B, e *benchServer, lockers []benchLocker, limit int)
 	b.ReportMetric(float64(most.Load()), "max-inside")
 }
 
-// raise makes m at least n.
-func raise(m *atomic.Int64, n int64) {
-	for old := m.Load(); n > old && !m.CompareAndSwap(old, n); old = m.Load() {
-		// Another holder raised it meanwhile: look again.
-	}
-}
-
 // readLocker and writeLocker take an etcdlock.RWMutex's read and write
 // sides; recipeReader and recipeWriter, the recipe's.
 type (

@@ -668,3 +668,10 @@ func (l *semLock) Done() <-chan struct{} {
 	}
 	return l.permits[0].Done()
 }
+
+// raise makes m at least n.
+func raise(m *atomic.Int64, n int64) {
+	for old := m.Load(); n > old && !m.CompareAndSwap(old, n); old = m.Load() {
+		// Another holder raised it meanwhile: look again.
+	}
+}

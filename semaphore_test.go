@@ -81,9 +81,7 @@ func TestSemaphoreLimit(t *testing.T) {
 					t.Errorf("Acquire: %v", err)
 					return
 				}
-				n := inside.Add(1)
-				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-				}
+				raise(&most, inside.Add(1))
 				resp, err := client.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(limit))
 				if err != nil {
