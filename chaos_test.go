@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -58,7 +57,7 @@ import (
 // when etcd deleted the holder's key (seen by a watch).
 //
 // ETCDLOCK_CHAOS_LONG=1 runs the faults for 10 minutes instead of 8 s per
-// kind of lock.
+// kind of lock; ETCDLOCK_CHAOS_LONG=3m, for 3 minutes.
 
 // chaosConfig sizes one run.
 type chaosConfig struct {
@@ -85,14 +84,11 @@ func testChaos(t *testing.T, kind string) {
 		workers:        4,
 		ttl:            2 * time.Second,
 		warmup:         3 * time.Second,
-		faults:         8 * time.Second,
+		faults:         faultsFor(t, "ETCDLOCK_CHAOS_LONG", 8*time.Second),
 		leaderEvery:    3 * time.Second,
 		leaderDown:     time.Second,
 		partitionEvery: 6 * time.Second,
 		fencing:        true,
-	}
-	if os.Getenv("ETCDLOCK_CHAOS_LONG") == "1" {
-		cfg.faults = 10 * time.Minute
 	}
 	r := runChaos(t, cfg)
 	r.log(t)
@@ -525,11 +521,11 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	for _, f := range r.faults {
 		windows = append(windows, faultWindow{Kind: f.kind, From: f.at.Sub(began).Seconds(), To: f.end.Sub(began).Seconds()})
 	}
-	fencing := "on"
+	fencing, run := "on", cfg.kind
 	if !cfg.fencing {
-		fencing = "off"
+		fencing, run = "off", cfg.kind+"-unfenced"
 	}
-	writeTimeline(t, newTimeline(fmt.Sprintf("Chaos test, %s, fencing %s: %d workers in one process, TTL %v, 3 etcd members; acquisitions per second",
+	writeTimeline(t, run, newTimeline(fmt.Sprintf("Chaos test, %s, fencing %s: %d workers in one process, TTL %v, 3 etcd members; acquisitions per second",
 		cfg.kind, fencing, cfg.workers, cfg.ttl), began, ended, r.acqTimes, windows))
 	return res
 }

@@ -40,6 +40,25 @@ func TestMain(m *testing.M) {
 // shared and run with -race.
 const testTimeout = 30 * time.Second
 
+// faultsFor returns how long a fault test injects faults: short, unless the
+// environment variable env asks for a long run, with 1 (10 minutes) or a
+// duration such as 3m.
+func faultsFor(t *testing.T, env string, short time.Duration) time.Duration {
+	t.Helper()
+	switch v := os.Getenv(env); v {
+	case "":
+		return short
+	case "1":
+		return 10 * time.Minute
+	default:
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: want 1 (10 minutes) or a duration such as 3m", env, v)
+		}
+		return d
+	}
+}
+
 // testContext returns a context that ends after testTimeout or with the test.
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)

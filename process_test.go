@@ -52,7 +52,8 @@ import (
 // closing to the next acquisition is measured; for each freeze, how soon
 // after SIGCONT its Done closes (it cannot close before).
 //
-// ETCDLOCK_PROCESS_LONG=1 runs the faults for 10 minutes instead of 20 s.
+// ETCDLOCK_PROCESS_LONG=1 runs the faults for 10 minutes instead of 8 s per
+// kind of lock; ETCDLOCK_PROCESS_LONG=3m, for 3 minutes.
 
 // holderEnv carries a holder process's configuration (JSON).
 const holderEnv = "ETCDLOCK_TEST_HOLDER"
@@ -252,10 +253,7 @@ type processConfig struct {
 func TestProcessChaos(t *testing.T) { forEachKind(t, testProcessChaos) }
 
 func testProcessChaos(t *testing.T, kind string) {
-	cfg := processConfig{kind: kind, holders: 3, ttl: 2 * time.Second, faults: 8 * time.Second, gap: time.Second}
-	if os.Getenv("ETCDLOCK_PROCESS_LONG") == "1" {
-		cfg.faults = 10 * time.Minute
-	}
+	cfg := processConfig{kind: kind, holders: 3, ttl: 2 * time.Second, faults: faultsFor(t, "ETCDLOCK_PROCESS_LONG", 8*time.Second), gap: time.Second}
 	runProcessChaos(t, cfg)
 }
 
@@ -531,7 +529,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	row("keys / leases left", fmt.Sprintf("%d / %d", keysLeft, leasesLeft))
 	t.Log("early warning:")
 	logWarnings(t, ws)
-	writeTimeline(t, newTimeline(fmt.Sprintf("Process chaos test: %d %s holder processes, TTL %v, 3 etcd members; acquisitions per second",
+	writeTimeline(t, cfg.kind, newTimeline(fmt.Sprintf("Process chaos test: %d %s holder processes, TTL %v, 3 etcd members; acquisitions per second",
 		cfg.holders, cfg.kind, cfg.ttl), began, ended, acqTimes, windows))
 
 	if history != porcupine.Ok {

@@ -16,9 +16,9 @@ import (
 
 // A run of a fault test can leave its record and a picture of it:
 // acquisitions per second over time, with the fault windows marked. Set
-// ETCDLOCK_TIMELINE to a path without extension; the run writes path.json
-// (the record) and path.svg (drawn from it, by hand, with the standard
-// library only).
+// ETCDLOCK_TIMELINE to a path without extension; the run writes
+// path-<kind>.json (the record) and path-<kind>.svg (drawn from it, by
+// hand, with the standard library only).
 const timelineEnv = "ETCDLOCK_TIMELINE"
 
 // timeline is the record of a run for its picture. Times are seconds from
@@ -52,13 +52,15 @@ func newTimeline(title string, start, end time.Time, acquisitions []time.Time, f
 }
 
 // writeTimeline writes the record and its picture if ETCDLOCK_TIMELINE asks
-// for them.
-func writeTimeline(t *testing.T, tl timeline) {
+// for them, as path-<run>.json and path-<run>.svg: one pair per kind of
+// lock that a test runs.
+func writeTimeline(t *testing.T, run string, tl timeline) {
 	t.Helper()
 	base := os.Getenv(timelineEnv)
 	if base == "" {
 		return
 	}
+	base += "-" + run
 	rec, err := json.Marshal(tl)
 	if err == nil {
 		err = os.WriteFile(base+".json", rec, 0o644)
