@@ -2,9 +2,11 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -14,6 +16,10 @@ var closed = func() chan struct{} {
 	close(c)
 	return c
 }()
+
+// lossReadTimeout bounds the read that tells a deleted key from a lease gone,
+// for the observers.
+const lossReadTimeout = 500 * time.Millisecond
 
 // A hold is one hold of a key in etcd, from its acquisition to its release:
 // the key, whose create revision is the fencing token, and the loss signal,
@@ -99,10 +105,31 @@ func (h *hold) monitor(ctx context.Context) {
 	}
 	h.mu.Unlock()
 	if s := h.t.s; !ended && s.events != nil {
-		if s.expired() {
-			why = LossSessionEnded
+		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.key, Token: h.token(), Reason: h.lossReason(why)})
+	}
+}
+
+// lossReason tells the observers why the hold was lost, given why the
+// monitor stopped. A deleted key is asked about once, within a bound: the
+// revoke or expiry of our lease deletes it too. Only observed Sessions pay
+// that read.
+func (h *hold) lossReason(why LossReason) LossReason {
+	s := h.t.s
+	if why == LossKeyDeleted && !s.expired() {
+		ctx, cancel := context.WithTimeout(s.cs.Ctx(), lossReadTimeout)
+		resp, err := s.client.TimeToLive(ctx, s.Lease())
+		cancel()
+		if (err == nil && resp.TTL == -1) || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return LossLeaseGone
 		}
-		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.key, Token: h.token(), Reason: why})
+	}
+	switch {
+	case !s.expired():
+		return why
+	case s.closed.Load():
+		return LossSessionClosed
+	default:
+		return LossLeaseGone
 	}
 }
 
@@ -149,7 +176,7 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 			}
 			timer.Reset(d)
 		case <-ctx.Done():
-			return 0, LossSessionEnded
+			return 0, LossSessionClosed
 		}
 	}
 }

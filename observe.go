@@ -65,9 +65,10 @@ type LossReason string
 
 // Reasons of HoldLost.
 const (
-	LossKeyDeleted      LossReason = "key_deleted"      // our key was deleted, by hand or by its lease's revoke or expiry
+	LossKeyDeleted      LossReason = "key_deleted"      // our key was deleted while its lease lived: by hand, or by another client
+	LossLeaseGone       LossReason = "lease_gone"       // the lease was revoked or expired, which deletes our key too
 	LossKeepAliveSilent LossReason = "keepalive_silent" // no keep-alive acknowledged for 2/3 of the TTL: the lease may expire
-	LossSessionEnded    LossReason = "session_ended"    // the Session was closed, or its lease found gone
+	LossSessionClosed   LossReason = "session_closed"   // Close was called, or the WithContext context ended
 )
 
 // An Event is one thing that happened to a lock of a Session, or to the

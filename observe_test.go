@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/etcdlock/etcdlock"
 )
 
@@ -173,6 +175,72 @@ func TestObserverEvents(t *testing.T) {
 		if e.Err != nil || e.RTT <= 0 || e.Margin <= 0 || e.Margin > 2*time.Second {
 			t.Errorf("KeptAlive: got %+v, want a round trip and a margin in (0, TTL]", e)
 		}
+	})
+}
+
+// TestObserverLossReasons: HoldLost says why the hold was lost, for each
+// way of losing it.
+func TestObserverLossReasons(t *testing.T) {
+	healthy, proxied, proxy := startProxied(t)
+	defer proxy.Unblackhole()
+	ctx := testContext(t)
+	// lose takes a hold on s, has cause end it, and checks the reason.
+	lose := func(t *testing.T, s *etcdlock.Session, log *eventLog, cause func(key string), want etcdlock.LossReason) {
+		t.Helper()
+		name := lockName(t)
+		m := etcdlock.NewMutex(s, name)
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		done := m.Done()
+		cause(m.Key())
+		if _, ok := closedWithin(done, testTimeout); !ok {
+			t.Fatal("Done still open")
+		}
+		e := log.wait(t, "HoldLost", func(e etcdlock.Event) bool { return e.Kind == etcdlock.HoldLost && e.Lock == name })
+		if e.Reason != want {
+			t.Errorf("HoldLost: got reason %q, want %q", e.Reason, want)
+		}
+		if e.Key != m.Key() || e.Token != m.Token() || e.Lease != s.Lease() {
+			t.Errorf("HoldLost: got key %q, token %d, lease %x; want %q, %d, %x", e.Key, e.Token, e.Lease, m.Key(), m.Token(), s.Lease())
+		}
+	}
+	observed := func(t *testing.T, client *clientv3.Client, opts ...etcdlock.SessionOption) (*etcdlock.Session, *eventLog) {
+		log := &eventLog{}
+		return newSession(t, client, append(opts, etcdlock.WithObserver(log))...), log
+	}
+
+	t.Run("key deleted by hand", func(t *testing.T) {
+		s, log := observed(t, healthy)
+		lose(t, s, log, func(key string) {
+			if _, err := healthy.Delete(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+		}, etcdlock.LossKeyDeleted)
+	})
+	t.Run("lease revoked by another client", func(t *testing.T) {
+		s, log := observed(t, healthy)
+		lose(t, s, log, func(string) {
+			if _, err := healthy.Revoke(ctx, s.Lease()); err != nil {
+				t.Fatal(err)
+			}
+		}, etcdlock.LossLeaseGone)
+	})
+	t.Run("keep-alives silent", func(t *testing.T) {
+		s, log := observed(t, proxied, etcdlock.WithTTL(2*time.Second))
+		log.wait(t, "a keep-alive acknowledged", func(e etcdlock.Event) bool { return e.Kind == etcdlock.KeptAlive && e.Err == nil })
+		lose(t, s, log, func(string) { proxy.Blackhole() }, etcdlock.LossKeepAliveSilent)
+		proxy.Unblackhole()
+	})
+	t.Run("Session closed", func(t *testing.T) {
+		s, log := observed(t, healthy)
+		lose(t, s, log, func(string) { _ = s.Close() }, etcdlock.LossSessionClosed)
+	})
+	t.Run("WithContext ended", func(t *testing.T) {
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		s, log := observed(t, healthy, etcdlock.WithContext(sctx))
+		lose(t, s, log, func(string) { cancel() }, etcdlock.LossSessionClosed)
 	})
 }
 

@@ -46,6 +46,7 @@ type Session struct {
 	rwlocks map[string]*rwState   // one record per RWMutex name
 	seq     atomic.Int64          // makes the keys of RWMutex and Semaphore holds unique
 	closing bool                  // no new background work once set
+	closed  atomic.Bool           // Close was called or the WithContext context ended
 	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
 
 	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
@@ -251,6 +252,7 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 	if o.ctx.Done() != nil {
 		s.stopRevoke = context.AfterFunc(o.ctx, func() {
 			defer close(s.revoked)
+			s.closed.Store(true)
 			s.cs.Orphan()
 			s.revokeErr = s.revoke(context.WithoutCancel(o.ctx))
 		})
@@ -294,6 +296,7 @@ func (s *Session) Close() error {
 		s.mu.Lock()
 		s.closing = true
 		s.mu.Unlock()
+		s.closed.Store(true)
 		s.cs.Orphan()
 		if s.stopRevoke != nil && !s.stopRevoke() {
 			// The WithContext revoke has started: one revoke is enough.

@@ -435,8 +435,8 @@ func TestSessionClosed(t *testing.T) {
 	default:
 		t.Error("Done still open after Close")
 	}
-	if got := value(t, reg, "etcdlock_losses_total", "primitive", "mutex", "reason", "session_ended"); got != 1 {
-		t.Errorf("etcdlock_losses_total{reason=session_ended}: got %v, want 1", got)
+	if got := value(t, reg, "etcdlock_losses_total", "primitive", "mutex", "reason", "session_closed"); got != 1 {
+		t.Errorf("etcdlock_losses_total{reason=session_closed}: got %v, want 1", got)
 	}
 	if got := value(t, reg, "etcdlock_holds", "primitive", "mutex"); got != 0 {
 		t.Errorf("etcdlock_holds after Close: got %v, want 0", got)
