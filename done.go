@@ -110,11 +110,15 @@ func (h *hold) monitor(ctx context.Context) {
 }
 
 // lossReason tells the observers why the hold was lost, given why the
-// monitor stopped. A deleted key is asked about once, within a bound: the
-// revoke or expiry of our lease deletes it too. Only observed Sessions pay
-// that read.
+// monitor stopped. Silence is its own reason, even when the Session ended
+// with it (clientv3 gives up a lease a TTL after its last acknowledgement).
+// A deleted key is asked about once, within a bound, since the revoke or
+// expiry of our lease deletes it too; only observed Sessions pay that read.
 func (h *hold) lossReason(why LossReason) LossReason {
 	s := h.t.s
+	if why == LossKeepAliveSilent {
+		return why
+	}
 	if why == LossKeyDeleted && !s.expired() {
 		ctx, cancel := context.WithTimeout(s.cs.Ctx(), lossReadTimeout)
 		resp, err := s.client.TimeToLive(ctx, s.Lease())
@@ -126,8 +130,11 @@ func (h *hold) lossReason(why LossReason) LossReason {
 	switch {
 	case !s.expired():
 		return why
-	case s.closed.Load():
+	case s.closedByUser():
 		return LossSessionClosed
+	case s.untilSilent() <= -s.ttl/3:
+		// clientv3 ended the Session: no acknowledgement for a whole TTL.
+		return LossKeepAliveSilent
 	default:
 		return LossLeaseGone
 	}

@@ -46,14 +46,14 @@ type Session struct {
 	rwlocks map[string]*rwState   // one record per RWMutex name
 	seq     atomic.Int64          // makes the keys of RWMutex and Semaphore holds unique
 	closing bool                  // no new background work once set
-	closed  atomic.Bool           // Close was called or the WithContext context ended
 	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
 
 	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
 
-	stopRevoke func() bool   // stops the WithContext revoke, if any
-	revoked    chan struct{} // closed when the WithContext revoke has finished
-	revokeErr  error         // the WithContext revoke's result, once revoked is closed
+	ctx        context.Context // WithContext's; Background without
+	stopRevoke func() bool     // stops the WithContext revoke, if any
+	revoked    chan struct{}   // closed when the WithContext revoke has finished
+	revokeErr  error           // the WithContext revoke's result, once revoked is closed
 	closeOnce  sync.Once
 	closeErr   error
 }
@@ -231,6 +231,7 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		cs:          cs,
 		ttl:         time.Duration(ttl) * time.Second,
 		maxHandoffs: o.handoffs,
+		ctx:         o.ctx,
 		identity:    o.identity,
 		events:      newDispatch(o.observers, id),
 		locks:       make(map[string]*lockState),
@@ -252,7 +253,6 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 	if o.ctx.Done() != nil {
 		s.stopRevoke = context.AfterFunc(o.ctx, func() {
 			defer close(s.revoked)
-			s.closed.Store(true)
 			s.cs.Orphan()
 			s.revokeErr = s.revoke(context.WithoutCancel(o.ctx))
 		})
@@ -296,7 +296,6 @@ func (s *Session) Close() error {
 		s.mu.Lock()
 		s.closing = true
 		s.mu.Unlock()
-		s.closed.Store(true)
 		s.cs.Orphan()
 		if s.stopRevoke != nil && !s.stopRevoke() {
 			// The WithContext revoke has started: one revoke is enough.
@@ -355,6 +354,14 @@ func (s *Session) expired() bool {
 	}
 }
 
+// closedByUser reports whether the Session was ended by Close or by its
+// WithContext context, rather than by etcd.
+func (s *Session) closedByUser() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing || s.ctx.Err() != nil
+}
+
 // opContext returns ctx, also cancelled when the Session ends and, for
 // wait > 0, after wait.
 func (s *Session) opContext(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
@@ -382,7 +389,10 @@ func (s *Session) untilSilent() time.Duration {
 
 // probeKeepAlive measures the keep-alive for the observers: every TTL/3 it
 // renews the lease once more itself, and reports the round trip and the
-// margin the lease had left, as seen from the renewal before.
+// margin the lease had left, counted from the last acknowledgement on the
+// Session's keep-alive stream. It does not move that clock: Done and the
+// end of the Session both count from the stream's acknowledgements, so an
+// observed Session warns as early as one that is not.
 func (s *Session) probeKeepAlive() {
 	ctx := s.cs.Ctx()
 	interval := s.ttl / 3
@@ -404,10 +414,7 @@ func (s *Session) probeKeepAlive() {
 		}
 		now := time.Now()
 		e := Event{Kind: KeptAlive, Time: now, RTT: now.Sub(start), Margin: last.Add(s.ttl).Sub(now), TTL: s.ttl, Err: err}
-		switch {
-		case err == nil:
-			s.lastAck.Store(now.UnixNano())
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			s.leaseGone()
 		}
 		s.events.emit(e)
