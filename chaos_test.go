@@ -625,9 +625,9 @@ type chaosWorker struct {
 	reg    *register
 	s      *etcdlock.Session
 
-	// A keep-alive channel of the test's own on the Session's lease: it gets
-	// each acknowledgement as the Session does.
-	stopAcks context.CancelFunc
+	// A keep-alive channel of the test's own on the lease of the holds: it
+	// gets each acknowledgement as the Session does.
+	stopAcks func()
 	acks     sync.WaitGroup
 	ackMu    sync.Mutex
 	lastAck  time.Time
@@ -665,33 +665,47 @@ func (w *chaosWorker) loop(ctx context.Context) {
 	}
 }
 
-// watchAcks follows the keep-alive acknowledgements of the Session's lease,
-// and the Session's end.
+// watchAcks follows the Session's end and, unless the kind holds on
+// Sessions of its own, the keep-alive acknowledgements of its lease.
 func (w *chaosWorker) watchAcks() {
+	if w.run.kind.ownSession {
+		return // followed hold by hold
+	}
 	s := w.s
-	w.ackMu.Lock()
-	w.ended = time.Time{}
-	w.ackMu.Unlock()
+	w.stopAcks = w.followLease(s.Lease())
 	w.acks.Go(func() {
 		<-s.Done() // closed by endSession at the latest
 		w.ackMu.Lock()
 		w.ended = time.Now()
 		w.ackMu.Unlock()
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	acks, err := w.client.KeepAlive(ctx, s.Lease())
-	if err != nil {
-		cancel()
-		return
-	}
-	w.stopAcks = cancel
-	w.acks.Go(func() {
-		for range acks {
+}
+
+// followLease follows the keep-alive acknowledgements of lease into
+// lastAck until the function it returns is called; nil if it cannot. For a
+// kind that holds on Sessions of its own, the end of the lease's keep-alive
+// is the end of the hold's Session.
+func (w *chaosWorker) followLease(lease clientv3.LeaseID) func() {
+	w.ackMu.Lock()
+	w.lastAck, w.ended = time.Time{}, time.Time{}
+	w.ackMu.Unlock()
+	var end func(time.Time)
+	if w.run.kind.ownSession {
+		end = func(at time.Time) {
 			w.ackMu.Lock()
-			w.lastAck = time.Now()
+			w.ended = at
 			w.ackMu.Unlock()
 		}
-	})
+	}
+	stop, err := followAcks(w.client, lease, func(at time.Time) {
+		w.ackMu.Lock()
+		w.lastAck = at
+		w.ackMu.Unlock()
+	}, end)
+	if err != nil {
+		return nil
+	}
+	return stop
 }
 
 // endSession closes the Session, if any, and stops following its lease.
@@ -762,7 +776,13 @@ func (r *chaosRun) leave(h *chaosHold) bool {
 func (w *chaosWorker) critical(ctx context.Context, h *hold) {
 	r := w.run
 	r.add(&r.counts.acquisitions, 1)
-	ch := &chaosHold{worker: w.id, token: h.token, isOwner: h.isOwner, lease: w.s.Lease()}
+	ch := &chaosHold{worker: w.id, token: h.token, isOwner: h.isOwner, lease: h.lease}
+	stopAcks := func() {}
+	if r.kind.ownSession {
+		if stop := w.followLease(h.lease); stop != nil {
+			stopAcks = stop // before the release, whose revoke would end the lease's keep-alive
+		}
+	}
 	r.enter(ch, time.Unix(0, h.acquired))
 	r.bg.Go(func() {
 		<-h.done // closed, at the latest, by the release
@@ -777,13 +797,11 @@ func (w *chaosWorker) critical(ctx context.Context, h *hold) {
 		if r.leave(ch) {
 			ch.fate = r.fate(ch)
 		}
+		stopAcks()
 		_, _ = w.reg.release(ctx, h)
 	}()
 
 	ev, res, first, err := w.reg.read(ctx, h)
-	if h.lease != 0 {
-		ch.lease = h.lease // the key's own, should a kind hold with a Session of its own
-	}
 	switch {
 	case err != nil:
 		r.fail(fmt.Errorf("worker %d: %w", w.id, err))

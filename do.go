@@ -60,7 +60,7 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 	}
 	st := m.state(false)
 	fctx, sc := st.openScope(ctx)
-	fctx = context.WithValue(fctx, heldKey{}, Held{Name: m.name, Key: m.key, Token: m.Token()})
+	fctx = context.WithValue(fctx, heldKey{}, Held{Name: m.name, Key: m.key, Token: m.Token(), Lease: m.s.Lease()})
 	fctx, cancel := context.WithCancel(fctx)
 	loss := m.Done()
 
@@ -92,9 +92,10 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 // Held describes the hold of a Do or Lead, for its f: what f passes along
 // to fence its writes.
 type Held struct {
-	Name  string // the lock's name
-	Key   string // our key
-	Token int64  // the fencing token: our key's create revision
+	Name  string           // the lock's name
+	Key   string           // our key
+	Token int64            // the fencing token: our key's create revision
+	Lease clientv3.LeaseID // our key's lease, the Session's: a key f puts with it goes when the Session ends
 }
 
 // IsOwner returns a comparison for a clientv3 Txn that is true only while

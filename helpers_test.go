@@ -160,29 +160,44 @@ func newUpstreamSession(t *testing.T, client *clientv3.Client, ttl int) *concurr
 	return s
 }
 
-// ackWatch records when keep-alive acknowledgements for lease arrive at
-// client: a second keep-alive channel on the same lease sees every reply the
-// session's own channel sees, without an extra RPC. It returns the record
-// and a stop function, also called by t.Cleanup. Until stopped, the channel
-// keeps the lease alive too.
-func ackWatch(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) (acks *ackLog, stop func()) {
-	t.Helper()
+// followAcks calls ack with the arrival time of each keep-alive
+// acknowledgement of lease at client, until stop is called: a second
+// keep-alive channel on the same lease sees every reply the Session's own
+// channel sees, without an extra RPC. If clientv3 stops keeping the lease
+// alive first (it was not found, or no reply came for a TTL: what ends a
+// Session too), it calls end, if not nil, with the time. Until stopped, the
+// channel keeps the lease alive too.
+func followAcks(client *clientv3.Client, lease clientv3.LeaseID, ack, end func(time.Time)) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := client.KeepAlive(ctx, id)
+	ch, err := client.KeepAlive(ctx, lease)
 	if err != nil {
 		cancel()
-		t.Fatalf("KeepAlive(%x): got %v, want nil", id, err)
+		return nil, err
 	}
-	acks = &ackLog{}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for range ch {
-			acks.add(time.Now())
+			ack(time.Now())
+		}
+		if ctx.Err() == nil && end != nil {
+			end(time.Now())
 		}
 	})
-	stop = func() {
+	return func() {
 		cancel()
 		wg.Wait()
+	}, nil
+}
+
+// ackWatch records when keep-alive acknowledgements for lease arrive at
+// client (followAcks). It returns the record and a stop function, also
+// called by t.Cleanup.
+func ackWatch(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) (acks *ackLog, stop func()) {
+	t.Helper()
+	acks = &ackLog{}
+	stop, err := followAcks(client, id, acks.add, nil)
+	if err != nil {
+		t.Fatalf("KeepAlive(%x): got %v, want nil", id, err)
 	}
 	t.Cleanup(stop)
 	return acks, stop

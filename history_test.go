@@ -428,13 +428,9 @@ func (r *recorder) returned(op historyOp) { r.add(op) }
 
 // hold is one hold taken through a primitive.
 type hold struct {
-	token    int64
-	release  func(context.Context) error
-	done     <-chan struct{}
-	isOwner  clientv3.Cmp
-	acquired int64            // when acquire returned
-	lease    clientv3.LeaseID // of the hold's key, once a read found it among the oldest
-	read     int64            // the register's mod revision at the hold's last read
+	grant
+	acquired int64 // when acquire returned
+	read     int64 // the register's mod revision at the hold's last read
 }
 
 // register is a value in etcd guarded by a lock, seen by one holder: its
@@ -459,11 +455,11 @@ func (r *register) op(k opKind, h *hold) historyOp {
 // acquire takes a hold with p and records it if it was taken.
 func (r *register) acquire(ctx context.Context, p primitive) (*hold, error) {
 	call := now()
-	token, release, done, isOwner, err := p.acquire(ctx)
+	g, err := p.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	h := &hold{token: token, release: release, done: done, isOwner: isOwner, acquired: now()}
+	h := &hold{grant: g, acquired: now()}
 	op := r.op(opAcquire, h)
 	op.Call, op.Return = call, h.acquired
 	r.sink.returned(op)
@@ -502,12 +498,9 @@ func (r *register) read(ctx context.Context, h *hold) (v int64, res opResult, fi
 		}
 		h.read = got.Kvs[0].ModRevision
 		if resp.Succeeded && (!r.kind.shared || r.kind.limit > 0) {
-			i := slices.IndexFunc(resp.Responses[1].GetResponseRange().Kvs, func(kv *mvccpb.KeyValue) bool {
+			first = slices.ContainsFunc(resp.Responses[1].GetResponseRange().Kvs, func(kv *mvccpb.KeyValue) bool {
 				return kv.CreateRevision == h.token
 			})
-			if first = i >= 0; first {
-				h.lease = clientv3.LeaseID(resp.Responses[1].GetResponseRange().Kvs[i].Lease)
-			}
 		}
 	}
 	r.sink.returned(op)
@@ -830,11 +823,11 @@ type noLock struct {
 	name string
 }
 
-func (p noLock) acquire(ctx context.Context) (int64, func(context.Context) error, <-chan struct{}, clientv3.Cmp, error) {
+func (p noLock) acquire(ctx context.Context) (grant, error) {
 	key := keyOf(p.name, p.s.Lease())
 	resp, err := p.s.Client().Put(ctx, key, "", clientv3.WithLease(p.s.Lease()))
 	if err != nil {
-		return 0, nil, nil, clientv3.Cmp{}, err
+		return grant{}, err
 	}
 	token := resp.Header.Revision
 	isOwner := clientv3.Compare(clientv3.CreateRevision(key), "=", token)
@@ -847,7 +840,7 @@ func (p noLock) acquire(ctx context.Context) (int64, func(context.Context) error
 		}
 		return err
 	}
-	return token, release, done, isOwner, nil
+	return grant{token: token, release: release, done: done, isOwner: isOwner, lease: p.s.Lease()}, nil
 }
 
 // cleanOverlaps counts the pairs of holds of one lock that both ended with

@@ -20,13 +20,21 @@ import (
 
 // A primitive takes holds of one lock for one holder.
 type primitive interface {
-	// acquire takes one hold, waiting until it is held or ctx ends. It
-	// returns the hold's fencing token; release, which ends the hold and
-	// returns nil when it was clean, ErrLockLost or ErrSessionExpired when
-	// the hold had been lost, and any other error when etcd did not confirm;
-	// the hold's loss signal; and the comparison that guards the hold's
-	// Txns. release is called once, by the goroutine that called acquire.
-	acquire(ctx context.Context) (token int64, release func(context.Context) error, done <-chan struct{}, isOwner clientv3.Cmp, err error)
+	// acquire takes one hold, waiting until it is held or ctx ends.
+	acquire(ctx context.Context) (grant, error)
+}
+
+// A grant is one hold that a primitive took.
+type grant struct {
+	token int64 // the hold's fencing token
+	// release ends the hold and returns nil when it was clean, ErrLockLost
+	// or ErrSessionExpired when the hold had been lost, and any other error
+	// when etcd did not confirm. It is called once, by the goroutine that
+	// called acquire.
+	release func(context.Context) error
+	done    <-chan struct{}  // the hold's loss signal
+	isOwner clientv3.Cmp     // guards the hold's Txns
+	lease   clientv3.LeaseID // of the hold's key
 }
 
 // A kind is one kind of lock, as the reliability tests run it.
@@ -37,6 +45,9 @@ type kind struct {
 	// shared tells that the holds may coexist up to limit; an exclusive
 	// hold (shared false) coexists with none.
 	shared bool
+	// ownSession tells that each hold is taken on a Session of its own, not
+	// the holder's: the lease to watch is the hold's.
+	ownSession bool
 	// make returns a primitive for one holder of the lock called name on
 	// the Session s. With wait < 0 its acquire waits as long as ctx allows;
 	// with wait ≥ 0 it waits at most wait and then returns errWaitRanOut,
@@ -52,7 +63,7 @@ var kinds = map[string]kind{
 	"rwmutex-w":   {limit: 1, make: holding(openWriter)},
 	"rwmutex-r":   {limit: 0, shared: true, make: holding(openReader)},
 	"semaphore-2": {limit: 2, shared: true, make: holding(openSemaphore(2))},
-	"lead":        {limit: 1, make: leading},
+	"lead":        {limit: 1, ownSession: true, make: leading},
 }
 
 // leading makes a kind's primitive of Lead: each hold is one term of a Lead
@@ -78,7 +89,7 @@ type leadTerm struct {
 // acquire campaigns until the first term, or until ctx ends. The term ends
 // with release, which stops Lead and waits for it: Lead releases the lock
 // only once f has returned.
-func (p leadPrimitive) acquire(ctx context.Context) (int64, func(context.Context) error, <-chan struct{}, clientv3.Cmp, error) {
+func (p leadPrimitive) acquire(ctx context.Context) (grant, error) {
 	lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	terms := make(chan leadTerm, 1)
 	led := make(chan error, 1)
@@ -104,10 +115,10 @@ func (p leadPrimitive) acquire(ctx context.Context) (int64, func(context.Context
 		case tm = <-terms: // a term began as ctx ended: end it
 			close(tm.end)
 		case <-led:
-			return 0, nil, nil, clientv3.Cmp{}, ctx.Err()
+			return grant{}, ctx.Err()
 		}
 		<-led
-		return 0, nil, nil, clientv3.Cmp{}, ctx.Err()
+		return grant{}, ctx.Err()
 	}
 	release := func(context.Context) error {
 		lost := tm.ctx.Err() != nil
@@ -119,23 +130,24 @@ func (p leadPrimitive) acquire(ctx context.Context) (int64, func(context.Context
 		}
 		return nil
 	}
-	return tm.h.Token, release, tm.ctx.Done(), tm.h.IsOwner(), nil
+	return grant{token: tm.h.Token, release: release, done: tm.ctx.Done(), isOwner: tm.h.IsOwner(), lease: tm.h.Lease}, nil
 }
 
 // holding makes a kind's primitive of a lock of the family (family_test.go).
 func holding(open func(s *etcdlock.Session, name string) famLock) func(s *etcdlock.Session, name string, wait time.Duration) primitive {
 	return func(s *etcdlock.Session, name string, wait time.Duration) primitive {
-		return famPrimitive{l: open(s, name), wait: wait}
+		return famPrimitive{l: open(s, name), wait: wait, lease: s.Lease()}
 	}
 }
 
 // famPrimitive holds a lock of the family: Lock, or TryLock with a wait ≥ 0.
 type famPrimitive struct {
-	l    famLock
-	wait time.Duration
+	l     famLock
+	wait  time.Duration
+	lease clientv3.LeaseID // the Session's
 }
 
-func (p famPrimitive) acquire(ctx context.Context) (int64, func(context.Context) error, <-chan struct{}, clientv3.Cmp, error) {
+func (p famPrimitive) acquire(ctx context.Context) (grant, error) {
 	var err error
 	if p.wait >= 0 {
 		var held bool
@@ -147,9 +159,9 @@ func (p famPrimitive) acquire(ctx context.Context) (int64, func(context.Context)
 		err = p.l.Lock(ctx)
 	}
 	if err != nil {
-		return 0, nil, nil, clientv3.Cmp{}, err
+		return grant{}, err
 	}
-	return p.l.Token(), p.l.Unlock, p.l.Done(), p.l.IsOwner(), nil
+	return grant{token: p.l.Token(), release: p.l.Unlock, done: p.l.Done(), isOwner: p.l.IsOwner(), lease: p.lease}, nil
 }
 
 // forEachKind runs f as a subtest for each kind, by name.

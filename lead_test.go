@@ -39,8 +39,8 @@ func newLeaderLog(t *testing.T) *leaderLog {
 func (l *leaderLog) f(who string) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		h, ok := etcdlock.HeldFrom(ctx)
-		if !ok || h.Token <= 0 {
-			l.t.Errorf("%s: HeldFrom(f's context): got %+v, %v, want a token", who, h, ok)
+		if !ok || h.Token <= 0 || h.Lease == 0 || h.Key != keyOf(h.Name, h.Lease) {
+			l.t.Errorf("%s: HeldFrom(f's context): got %+v, %v, want a token and the lease of the key", who, h, ok)
 		}
 		l.mu.Lock()
 		for other := range l.running {

@@ -74,8 +74,8 @@ type holderLine struct {
 	Op      *historyOp `json:"op,omitempty"`      // an operation returned
 	Call    *historyOp `json:"call,omitempty"`    // a write is sent
 	Done    int64      `json:"done,omitempty"`    // the Done of the hold with this token closed
-	Ack     int64      `json:"ack,omitempty"`     // a keep-alive acknowledgement of the Session's lease arrived
-	Ended   int64      `json:"ended,omitempty"`   // the Session of this lease ended (its Done closed)
+	Ack     int64      `json:"ack,omitempty"`     // a keep-alive acknowledgement of the lease of the holds arrived
+	Ended   int64      `json:"ended,omitempty"`   // the Session of this lease ended (its Done closed, or its keep-alive)
 	Waiting int64      `json:"waiting,omitempty"` // the hold with this token waits before its write, for "go" on stdin
 	Skip    int64      `json:"skip,omitempty"`    // the hold with this token skipped its write: Done had closed
 	Error   string     `json:"error,omitempty"`   // the holder cannot go on
@@ -170,19 +170,13 @@ func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
-			actx, cancel := context.WithCancel(ctx)
-			stopAcks = cancel
-			lease, sd := s.Lease(), s.Done()
-			bg.Go(func() {
-				<-sd // closed by endSession at the latest
-				out.write(holderLine{Ended: int64(lease), At: now()})
-			})
-			if acks, err := client.KeepAlive(actx, lease); err == nil {
+			if !k.ownSession { // else followed hold by hold
+				lease, sd := s.Lease(), s.Done()
 				bg.Go(func() {
-					for range acks {
-						out.write(holderLine{Ack: int64(lease), At: now()})
-					}
+					<-sd // closed by endSession at the latest
+					out.write(holderLine{Ended: int64(lease), At: now()})
 				})
+				stopAcks = reportAcks(client, lease, false, out)
 			}
 		}
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -196,12 +190,33 @@ func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
 			<-h.done // closed, at the latest, by the release
 			out.write(holderLine{Done: h.token, At: now()})
 		})
-		if err := holderCritical(ctx, reg, h, rng, &stopAtWrite, resume, out); err != nil {
+		stopHoldAcks := func() {}
+		if k.ownSession {
+			stopHoldAcks = reportAcks(client, h.lease, true, out)
+		}
+		err = holderCritical(ctx, reg, h, rng, &stopAtWrite, resume, out)
+		stopHoldAcks() // before the release, whose revoke would end the lease's keep-alive
+		if err != nil {
 			return err
 		}
 		_, _ = reg.release(ctx, h)
 	}
 	return nil
+}
+
+// reportAcks writes an Ack line for each keep-alive acknowledgement of
+// lease, and with ended an Ended line if clientv3 stops keeping it alive,
+// until the function it returns is called.
+func reportAcks(client *clientv3.Client, lease clientv3.LeaseID, ended bool, out *lineWriter) func() {
+	var end func(time.Time)
+	if ended {
+		end = func(at time.Time) { out.write(holderLine{Ended: int64(lease), At: at.UnixNano()}) }
+	}
+	stop, err := followAcks(client, lease, func(at time.Time) { out.write(holderLine{Ack: int64(lease), At: at.UnixNano()}) }, end)
+	if err != nil {
+		return func() {}
+	}
+	return stop
 }
 
 // holderCritical reads the register, waits a little and writes it plus
