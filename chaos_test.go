@@ -185,7 +185,7 @@ type chaosPartition struct {
 	doneAt    time.Time // when its Done closed (zero: never seen)
 	doneSeen  bool      // Done was closed when it woke
 	deleted   time.Time // when etcd deleted its key, seen by the observer's watch
-	nextAcq   time.Time // the next acquisition by anyone after the cut
+	nextAcq   time.Time // the next acquisition in its place: by anyone after the cut; for a shared lock, after its key was deleted
 	extended  bool      // the hold outlived TTL + 1.5 s of cut-off
 	etcd      writeResult
 	store     writeResult
@@ -469,10 +469,14 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	res.recovery = r.recovery()
 	r.mu.Lock()
 	for _, p := range r.partitions {
-		if i, ok := r.nextAcquisition(p.cut); ok {
+		p.doneAt, p.deleted = p.hold.doneAt, r.deleted.of(p.hold.token)
+		from := p.cut
+		if r.kind.shared {
+			from = p.deleted // before, the hold still counts against the limit
+		}
+		if i, ok := r.nextAcquisition(from); ok && !from.IsZero() {
 			p.nextAcq = r.acqTimes[i]
 		}
-		p.doneAt, p.deleted = p.hold.doneAt, r.deleted.of(p.hold.token)
 		res.partitions = append(res.partitions, *p)
 	}
 	r.mu.Unlock()

@@ -501,8 +501,15 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 		}
 		r.mu.Unlock()
 		if f.kind == "partition" {
-			ws = append(ws, warning{kind: f.kind, token: f.token, cut: f.at, lastAck: lastAck, done: done, sessionEnd: sessionEnd,
-				deleted: deleted.of(f.token), next: next})
+			w := warning{kind: f.kind, token: f.token, cut: f.at, lastAck: lastAck, done: done, sessionEnd: sessionEnd,
+				deleted: deleted.of(f.token), next: next}
+			if kinds[cfg.kind].shared {
+				w.next = time.Time{}
+				if !w.deleted.IsZero() {
+					w.next = nextBy(w.deleted, notProc) // before, the hold still counts against the limit
+				}
+			}
+			ws = append(ws, w)
 		} else if done.After(f.at) {
 			// A frozen process cannot see its Done close before it runs again.
 			resumeToDone[f.kind] = append(resumeToDone[f.kind], done.Sub(f.end))

@@ -13,7 +13,11 @@ import (
 
 // The early warning, measured. For each holder cut off from etcd or frozen
 // while it held, the margin is the time from its Done closing to the next
-// acquisition by another holder: positive when the warning came first.
+// acquisition by another holder in its place: positive when the warning
+// came first. For an exclusive lock that is the next acquisition; for a
+// shared one (readers, a semaphore) the next after etcd deleted the cut-off
+// hold's key, since others may join it before, up to the limit, and only
+// then could one take its place.
 // The evidence that explains a margin: the holder's last keep-alive
 // acknowledgement before the fault (Done closes two thirds of the TTL after
 // it, and etcd may expire the lease a TTL after renewing it), and when etcd
@@ -33,7 +37,7 @@ type warning struct {
 	// to confirm the watch on the key when the fault began.
 	sessionEnd time.Time
 	deleted    time.Time // etcd deleted the key (zero: not seen)
-	next       time.Time // the next acquisition by another holder (zero: none)
+	next       time.Time // the next acquisition by another holder in its place (zero: none)
 }
 
 // margin returns next − done, if both happened.
@@ -120,7 +124,7 @@ func logWarnings(t *testing.T, ws []warning) {
 	}
 	for _, k := range order {
 		st := newWarningStats(byKind[k])
-		t.Logf("  %s: margin, next acquisition − Done closed: min / median / max %s; negative: %d", k, spread(st.margins), len(st.negative))
+		t.Logf("  %s: margin, next acquisition in its place − Done closed: min / median / max %s; negative: %d", k, spread(st.margins), len(st.negative))
 		t.Logf("  %s: last keep-alive ack → Done closed %s; → key deleted in etcd %s; key deleted → next acquisition %s",
 			k, spread(st.ackToDone), spread(st.ackToDelete), spread(st.deleteToNext))
 		t.Logf("  %s: Done closed only with the Session's end (silence timer not armed: watch not yet created): %d", k, st.atSessionEnd)
