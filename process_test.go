@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -356,7 +357,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	})
 
 	rng := rand.New(rand.NewPCG(seed, 1<<32))
-	rotation := []string{"partition", "freeze at write", "holder kill", "leader kill", "freeze", "leader stop"}
+	rotation := []string{"partition", "freeze at write", "holder kill", "leader kill", "freeze", "holder kill at write", "leader stop"}
 	var faults []*processFault
 	began := time.Now()
 	for i := 0; time.Since(began) < cfg.faults; i++ {
@@ -468,6 +469,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	}
 	recovery := map[string][]time.Duration{}
 	var ws []warning
+	var failover []time.Duration // holder kills that hit a hold → the next acquisition in its place
 	var windows []faultWindow
 	staleWrites := map[string][3]int{} // kind → writes of the hit hold after the fault: refused, acknowledged, unanswered
 	resumeToDone := map[string][]time.Duration{}
@@ -487,8 +489,19 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 			recovery[f.kind] = append(recovery[f.kind], next.Sub(f.at))
 		}
 		windows = append(windows, faultWindow{Kind: f.kind, From: f.at.Sub(began).Seconds(), To: f.end.Sub(began).Seconds()})
-		if f.token == 0 || f.kind == "holder kill" || releasedBefore(checked, f.token, f.at) {
+		if f.token == 0 || releasedBefore(checked, f.token, f.at) {
 			continue // no hold was hit
+		}
+		if strings.HasPrefix(f.kind, "holder kill") {
+			// The failover: the next acquisition in the killed hold's place.
+			takeover := next
+			if kinds[cfg.kind].shared {
+				takeover = nextBy(deleted.of(f.token), notProc)
+			}
+			if !takeover.IsZero() && !deleted.of(f.token).IsZero() {
+				failover = append(failover, takeover.Sub(f.at))
+			}
+			continue
 		}
 		r.mu.Lock()
 		done := r.dones[f.token]
@@ -538,6 +551,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	for _, k := range kindsSeen {
 		row(fmt.Sprintf("%s (%d) → next acquisition by another: min / median / max", k, len(recovery[k])), spread(recovery[k]))
 	}
+	row("holder kill while it held → next acquisition in its place (failover): min / median / max", spread(failover))
 	for _, k := range kindsSeen {
 		if sw, ok := staleWrites[k]; ok {
 			row(fmt.Sprintf("%s: later writes of the hit hold: acknowledged / refused / unanswered", k), fmt.Sprintf("%d / %d / %d", sw[0], sw[1], sw[2]))
@@ -726,8 +740,12 @@ func (r *processRun) inject(kind string, rng *rand.Rand) *processFault {
 		if c.Leader() < 0 {
 			t.Fatal("no leader after a restart")
 		}
-	case "holder kill":
-		f.proc, f.token = r.target(rng)
+	case "holder kill", "holder kill at write":
+		if kind == "holder kill" {
+			f.proc, f.token = r.target(rng) // at whatever it is doing
+		} else {
+			f.proc, f.token = r.atWrite(rng)
+		}
 		f.at = time.Now()
 		r.mu.Lock()
 		f.proc.killed = true
