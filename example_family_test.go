@@ -7,6 +7,8 @@ import (
 	"log"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/etcdlock/etcdlock"
 )
 
@@ -100,6 +102,15 @@ func ExampleLead() {
 	// leader dies or is cut off, a backup takes over.
 	err := etcdlock.Lead(ctx, client, "cron/leader", func(ctx context.Context) error {
 		fmt.Println("leading")
+		// Publish the leader's address with the hold's lease, fenced: the
+		// key goes with the leader, and a deposed one cannot write it.
+		h, _ := etcdlock.HeldFrom(ctx)
+		resp, err := client.Txn(ctx).If(h.IsOwner()).
+			Then(clientv3.OpPut("cron/leader-addr", "10.0.0.1:8080", clientv3.WithLease(h.Lease))).Commit()
+		if err != nil {
+			return err
+		}
+		fmt.Println("published:", resp.Succeeded)
 		stop() // a real duty runs until ctx is cancelled
 		<-ctx.Done()
 		return nil
@@ -107,6 +118,7 @@ func ExampleLead() {
 	fmt.Println("Lead returned:", err)
 	// Output:
 	// leading
+	// published: true
 	// Lead returned: context canceled
 }
 
