@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -120,13 +121,26 @@ func (p leadPrimitive) acquire(ctx context.Context) (grant, error) {
 		<-led
 		return grant{}, ctx.Err()
 	}
-	release := func(context.Context) error {
-		lost := tm.ctx.Err() != nil
+	release := func(ctx context.Context) error {
+		// Lead does not say how its release went: ask etcd whether the
+		// hold still held when release was called. f's context alone cannot
+		// tell, in a process that was frozen past the TTL and has not yet
+		// seen its Done close.
+		lost, err := tm.ctx.Err() != nil, error(nil)
+		if !lost {
+			var resp *clientv3.TxnResponse
+			if resp, err = p.client.Txn(ctx).If(tm.h.IsOwner()).Commit(); err == nil {
+				lost = !resp.Succeeded
+			}
+		}
 		stop()
 		close(tm.end)
 		<-led
-		if lost {
+		switch {
+		case lost:
 			return etcdlock.ErrLockLost
+		case err != nil:
+			return fmt.Errorf("lead: hold %d not confirmed: %w", tm.h.Token, err)
 		}
 		return nil
 	}
