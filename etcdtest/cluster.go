@@ -254,10 +254,14 @@ func (c *Cluster) Stop(i int) {
 }
 
 // Kill stops member i abruptly, like a crash: raft stops at once, with no
-// leadership hand-over; streams and requests fail as with Stop. Data
-// written before Kill survives in the data directory, since the test process
-// itself goes on (the fsync that etcd skips without WithFsync only matters
-// for a machine crash). Kill does nothing if the member is already stopped, and panics if
+// leadership hand-over; streams and requests fail as with Stop, and
+// requests under way get no answer (codes.Unavailable) whether or not they
+// took effect. Kill first lets those requests finish, up to 1 s, since
+// etcd's hard stop closes the storage under reads still running, which
+// crashes the test process (etcd #17223). Data written before Kill
+// survives in the data directory, since the test process itself goes on
+// (the fsync that etcd skips without WithFsync only matters for a machine
+// crash). Kill does nothing if the member is already stopped, and panics if
 // i is out of range.
 func (c *Cluster) Kill(i int) {
 	c.mu.Lock()

@@ -546,3 +546,66 @@ func TestNewProxiedClient(t *testing.T) {
 		t.Error("NewProxiedClient after Close: got nil error, want one")
 	}
 }
+
+// TestClusterKillUnderReads kills a member again and again while clients
+// read from it as fast as they can: etcd's HardStop closes the backend under
+// reads still running, which crashes the whole process unless Kill lets
+// them finish first (unanswered, as a crash leaves them). etcd #17223.
+func TestClusterKillUnderReads(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	const victim = 0
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := c.Client(t).Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var reads, failed atomicCount
+	for range 4 {
+		cl, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints()[victim : victim+1], DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				rctx, rcancel := context.WithTimeout(ctx, time.Second)
+				_, err := cl.Txn(rctx).If(clientv3.Compare(clientv3.Version("k"), ">", 0)).
+					Then(clientv3.OpGet("k", clientv3.WithSerializable())).Commit()
+				rcancel()
+				if err != nil {
+					failed.add()
+					time.Sleep(time.Millisecond)
+				} else {
+					reads.add()
+				}
+			}
+		})
+	}
+	for range 8 {
+		time.Sleep(100 * time.Millisecond)
+		c.Kill(victim)
+		time.Sleep(50 * time.Millisecond)
+		c.Restart(victim)
+	}
+	cancel()
+	wg.Wait()
+	t.Logf("8 kills: %d reads answered, %d not", reads.load(), failed.load())
+	if reads.load() == 0 {
+		t.Error("no read answered: the test read nothing")
+	}
+}
+
+type atomicCount struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (a *atomicCount) add() { a.mu.Lock(); a.n++; a.mu.Unlock() }
+func (a *atomicCount) load() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -38,6 +39,7 @@ type member struct {
 	endpoint string             // client URL with the port in use
 	e        *embed.Etcd        // nil while stopped
 	stopping context.CancelFunc // ends the gRPC streams of e
+	calls    *gate              // the unary calls of e
 	hold     *portHold          // keeps the ports while e is nil, if not nil
 }
 
@@ -64,14 +66,18 @@ func (m *member) start(o *options, crt *certs) error {
 	}
 	m.release()
 	stopping, stop := context.WithCancel(context.Background())
-	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{grpc.ChainStreamInterceptor(endStreams(stopping))}
+	calls := &gate{}
+	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{
+		grpc.ChainStreamInterceptor(endStreams(stopping)),
+		grpc.ChainUnaryInterceptor(calls.unary),
+	}
 
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		stop()
 		return fmt.Errorf("etcdtest: start member %s: %w", m.name, err)
 	}
-	m.e, m.stopping = e, stop
+	m.e, m.stopping, m.calls = e, stop, calls
 	if m.endpoint == "" { // a restart keeps the URL; readers do not lock
 		m.endpoint = m.clientURL.Scheme + "://" + e.Clients[0].Addr().String()
 	}
@@ -110,6 +116,10 @@ const (
 func (m *member) stop(mode stopMode, ports portsAfterStop) {
 	if m.e != nil {
 		if mode == crash {
+			// etcd's HardStop closes the backend under calls still
+			// reading it, which can crash the process: let those finish
+			// first, unanswered, as a crash would leave them.
+			m.calls.close()
 			m.e.Server.HardStop()
 		}
 		m.stopping()
@@ -135,6 +145,52 @@ func (m *member) release() {
 }
 
 var errMemberStopped = status.Error(codes.Unavailable, "etcdtest: member stopped")
+
+// gateDrain bounds how long a crash waits for the unary calls under way.
+const gateDrain = time.Second
+
+// A gate admits a member's unary calls until it closes, and counts those
+// under way.
+type gate struct {
+	mu     sync.Mutex
+	closed bool
+	inside atomic.Int64
+}
+
+// unary is the gate as a gRPC interceptor: once the gate is closed, calls
+// fail with codes.Unavailable, and calls under way lose their answer.
+func (g *gate) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil, errMemberStopped
+	}
+	g.inside.Add(1)
+	g.mu.Unlock()
+	defer g.inside.Add(-1)
+	resp, err := handler(ctx, req)
+	if g.isClosed() {
+		return nil, errMemberStopped
+	}
+	return resp, err
+}
+
+func (g *gate) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
+}
+
+// close admits no more calls and waits, up to gateDrain, for those under
+// way to return.
+func (g *gate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	for deadline := time.Now().Add(gateDrain); g.inside.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
 
 // endStreams ends every gRPC stream once stopping is done, with
 // codes.Unavailable like a dropped connection, so that clients fail over.
