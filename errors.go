@@ -22,9 +22,9 @@ var (
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
 
 	// ErrInvalidArgument is returned, wrapped with the detail, for a nil
-	// client, nil session, nil context, nil option, a TTL or lease ID that
-	// is not positive, a negative hand-off count, or a Semaphore limit
-	// below 1. Nothing is written to etcd.
+	// client, nil session, nil context, nil option, nil function (Do,
+	// Lead), a TTL or lease ID that is not positive, a negative hand-off
+	// count, or a Semaphore limit below 1. Nothing is written to etcd.
 	ErrInvalidArgument = errors.New("etcdlock: invalid argument")
 
 	// ErrLockLost is returned by UnlockContext when the last hold ends but the

@@ -94,8 +94,9 @@ type Event struct {
 	FencedMiss bool
 	RTT        time.Duration // KeptAlive: the renewal's round trip
 	// Margin: KeptAlive: how long the lease still had before it could
-	// expire when the renewal was answered, counted from the renewal
-	// before it. It shrinks when renewals are slow or lost.
+	// expire when the renewal was answered, counted from the last
+	// acknowledgement on the Session's keep-alive stream (the clock Done
+	// counts from). It shrinks when renewals are slow or lost.
 	Margin  time.Duration
 	TTL     time.Duration // KeptAlive: the lease's TTL, which Margin counts down from
 	Dropped int           // EventsDropped
