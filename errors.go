@@ -8,8 +8,10 @@ import (
 )
 
 var (
-	// ErrNotHeld is returned by UnlockContext when the calling goroutine holds
-	// no hold on the Mutex. Nothing is changed, in this process or in etcd.
+	// ErrNotHeld is returned by the unlock methods of Mutex and RWMutex when
+	// the calling goroutine (or the Do scope of its context) holds no hold
+	// of that kind, and by Permit.Release for a nil or already released
+	// Permit. Nothing is changed, in this process or in etcd.
 	ErrNotHeld = errors.New("etcdlock: unlock of a lock not held by this goroutine")
 
 	// ErrSessionExpired is returned by every lock call once the Session's
@@ -17,13 +19,14 @@ var (
 	// cancelled. No lock can be taken with that Session again; make a new one.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
 
-	// ErrInvalidName is returned by every context method of a Mutex made with
-	// the empty name. Nothing is written to etcd.
+	// ErrInvalidName is returned by every context method of a Mutex,
+	// RWMutex or Semaphore made with the empty name, and by Lead and Inspect
+	// given one. Nothing is written to etcd.
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
 
 	// ErrInvalidArgument is returned, wrapped with the detail, for a nil
-	// client, nil session, nil context, nil option, nil function (Do,
-	// Lead), a TTL or lease ID that is not positive, a negative hand-off
+	// client, nil session, nil context, nil option, nil Observer or Logger,
+	// nil function (Do, Lead), a TTL or lease ID that is not positive, a negative hand-off
 	// count, or a Semaphore limit below 1. Nothing is written to etcd.
 	ErrInvalidArgument = errors.New("etcdlock: invalid argument")
 

@@ -11,7 +11,9 @@ func Queued(s *Session, name string) int {
 	if st == nil {
 		return 0
 	}
-	return st.waiting()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.queue)
 }
 
 // ReleaseFenced deletes m's key if its create revision is rev, as the

@@ -21,8 +21,9 @@ import (
 // Session, never on the lock's own path: a slow Observer delays only the
 // events after it. Up to 1,024 events wait for it; beyond that, events are
 // dropped and counted, and an EventsDropped event says how many before the
-// next one. Delivery stops when the Session is closed, after the events
-// already queued.
+// next one. Delivery stops when the Session is closed (Close, or the end of
+// its WithContext context), after the events already queued; Close waits
+// for that.
 type Observer interface {
 	Observe(Event)
 }
@@ -45,7 +46,7 @@ const (
 	Released       EventKind = "released"        // the release's delete: Err, FencedMiss
 	KeptAlive      EventKind = "kept_alive"      // a keep-alive round trip: RTT, Margin, TTL, Err
 	EventsDropped  EventKind = "events_dropped"  // Dropped events were lost: the Observer was too slow
-	SessionClosed  EventKind = "session_closed"  // Close was called: the Session's holds have ended; the last event
+	SessionClosed  EventKind = "session_closed"  // Close was called, or the WithContext context ended: the Session's holds have ended; the last event
 )
 
 // An Outcome is how an acquisition ended.

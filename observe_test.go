@@ -370,3 +370,21 @@ func TestWithLogger(t *testing.T) {
 		t.Errorf("WithObserver(nil): got %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestObserverWithContextEnd: a Session ended by its WithContext context,
+// never closed, stops as Close stops it: its observers get SessionClosed and
+// its delivery goroutine ends (goleak checks that at the end of the tests).
+func TestObserverWithContextEnd(t *testing.T) {
+	_, client := startServer(t)
+	sctx, cancel := context.WithCancel(testContext(t))
+	log := &eventLog{}
+	s, err := etcdlock.NewSession(client, etcdlock.WithContext(sctx), etcdlock.WithObserver(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	log.wait(t, "SessionClosed", func(e etcdlock.Event) bool { return e.Kind == etcdlock.SessionClosed && e.Lease == s.Lease() })
+	if err := s.Close(); err != nil {
+		t.Errorf("Close after the context ended: got %v, want nil (the revoke's result)", err)
+	}
+}

@@ -300,13 +300,6 @@ func (st *lockState) current() *hold {
 	return st.hold
 }
 
-// waiting returns how many local goroutines wait for the turn.
-func (st *lockState) waiting() int {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return len(st.queue)
-}
-
 // rwState is what this process knows of one RWMutex name on one Session: who
 // holds it, per goroutine. Every hold of a goroutine has an etcd key of its
 // own, readers' and writers' alike, so goroutines need no local turn: etcd's

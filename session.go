@@ -25,7 +25,7 @@ const (
 )
 
 // A Session is one etcd lease, kept alive in the background, shared by every
-// Mutex made with it. When the process dies the lease expires and etcd
+// Mutex, RWMutex and Semaphore made with it. When the process dies the lease expires and etcd
 // deletes every key attached to it, so a crashed holder never blocks others
 // for longer than the TTL.
 //
@@ -45,8 +45,11 @@ type Session struct {
 	locks   map[string]*lockState // one record per Mutex name, shared by all handles
 	rwlocks map[string]*rwState   // one record per RWMutex name
 	seq     atomic.Int64          // makes the keys of RWMutex and Semaphore holds unique
-	closing bool                  // no new background work once set
-	bg      sync.WaitGroup        // background goroutines: keep-alive reader, cleanups, hold monitors
+	// bgMu guards closing and bg.Go, and nothing else: goBackground is
+	// called with a hold's mutex held, which may be taken under s.mu.
+	bgMu    sync.Mutex
+	closing bool           // no new background work once set
+	bg      sync.WaitGroup // background goroutines: keep-alive reader, cleanups, hold monitors
 
 	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
 
@@ -252,9 +255,12 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 	}
 	if o.ctx.Done() != nil {
 		s.stopRevoke = context.AfterFunc(o.ctx, func() {
-			defer close(s.revoked)
 			s.cs.Orphan()
 			s.revokeErr = s.revoke(context.WithoutCancel(o.ctx))
+			close(s.revoked)
+			// Then as Close: wait for the background work, and deliver the
+			// events left to the observers. Close takes this revoke's result.
+			_ = s.Close()
 		})
 	}
 	return s, nil
@@ -284,7 +290,8 @@ func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id c
 // Close ends the Session: it stops the keep-alive, revokes the lease (which
 // deletes the keys of every lock held or awaited with this Session) and
 // waits for the Session's background work to stop. It returns within 5 s
-// even when etcd is unreachable; the lease then expires on its own within
+// even when etcd is unreachable, plus the time its observers take over the
+// events still queued (Close delivers them, then SessionClosed); the lease then expires on its own within
 // the TTL. Close returns nil if the lease was already gone. It is safe to
 // call more than once; later calls return the first call's result. When the
 // WithContext context was cancelled first, that cancel has already revoked
@@ -293,9 +300,9 @@ func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id c
 // After Close, every lock call on the Session returns ErrSessionExpired.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
+		s.bgMu.Lock()
 		s.closing = true
-		s.mu.Unlock()
+		s.bgMu.Unlock()
 		s.cs.Orphan()
 		if s.stopRevoke != nil && !s.stopRevoke() {
 			// The WithContext revoke has started: one revoke is enough.
@@ -357,8 +364,8 @@ func (s *Session) expired() bool {
 // closedByUser reports whether the Session was ended by Close or by its
 // WithContext context, rather than by etcd.
 func (s *Session) closedByUser() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
 	return s.closing || s.ctx.Err() != nil
 }
 
@@ -432,8 +439,8 @@ func (s *Session) uniqueKey(pfx string) string {
 // that Close makes does f's cleaning anyway. f must return soon after the
 // Session's context, s.cs.Ctx(), is done.
 func (s *Session) goBackground(f func()) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
 	if s.closing {
 		return false
 	}
