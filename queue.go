@@ -557,6 +557,11 @@ func (t *ticket) abort(ctx context.Context, then func()) {
 func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
+	return t.deleteKey(ctx)
+}
+
+// deleteKey is release's delete, on ctx as it is.
+func (t *ticket) deleteKey(ctx context.Context) (bool, error) {
 	cmp := clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)
 	if t.rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(t.key), ">", 0)
@@ -571,27 +576,23 @@ func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, erro
 	return resp.Succeeded, nil
 }
 
-// releaseLater retries the delete of our key in the background until it
-// succeeds or the Session ends, then runs then (which may be nil).
+// releaseLater retries the delete of our key in the background, with
+// backoff, until it succeeds or the Session ends (which ends an attempt
+// under way too: the revoke deletes the key anyway), then runs then (which
+// may be nil).
 func (t *ticket) releaseLater(then func()) {
 	sctx := t.s.cs.Ctx()
 	ok := t.s.goBackground(func() {
 		if then != nil {
 			defer then()
 		}
-		backoff := 50 * time.Millisecond
-		for {
-			timer := time.NewTimer(backoff)
-			select {
-			case <-sctx.Done():
-				timer.Stop()
-				return
-			case <-timer.C:
-			}
-			if _, err := t.release(sctx, retryTimeout); err == nil || sctx.Err() != nil {
+		for b := newBackoff(); b.wait(sctx) == nil; {
+			ctx, cancel := context.WithTimeout(sctx, retryTimeout)
+			_, err := t.deleteKey(ctx)
+			cancel()
+			if err == nil {
 				return
 			}
-			backoff = min(2*backoff, 2*time.Second)
 		}
 	})
 	if !ok && then != nil {
