@@ -142,7 +142,13 @@ func (h *hold) lossReason(why LossReason) LossReason {
 
 // watchLoss watches our key from revision from. It returns 0 and why when
 // the hold is lost, keep-alives went silent or ctx ended, and the revision
-// to watch from again when the history it needed was compacted.
+// to watch from again when the watch can no longer tell (its history was
+// compacted, or it failed) but a read finds our key still there.
+//
+// A watch event can be lost (etcd #17529, #18089, #19179, #20221), so our key
+// is also read once per TTL: a lost delete costs at most one TTL. Events at
+// or before our key's creation are an earlier key of the same name, from a
+// watch served by a member that lags (or etcd #20221): they are no loss.
 //
 // The clock of silence runs from the start: opening a watch can block while
 // etcd is unreachable (the client dials a new stream), which is when the
@@ -158,23 +164,42 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 	defer cancel()
 
 	var wch clientv3.WatchChan
+	broken := false // the watch failed: only the reads tell
 	timer := time.NewTimer(s.untilSilent())
 	defer timer.Stop()
+	reread := time.NewTicker(s.ttl)
+	defer reread.Stop()
 	for {
 		select {
 		case wch = <-opened:
 		case wr, ok := <-wch:
-			if ok && wr.CompactRevision != 0 {
-				// Read the key instead, and watch again from now.
-				resp, err := s.client.Get(ctx, key)
-				if err != nil || resp == nil || resp.Header == nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != h.token() {
-					return 0, LossKeyDeleted
-				}
-				return resp.Header.Revision + 1, ""
-			}
-			if !ok || wr.Err() != nil || len(wr.Events) > 0 {
-				// Deleted, or we can no longer tell: either way, stop.
+			switch {
+			case ok && wr.Err() == nil && len(after(wr.Events, h.token())) > 0:
 				return 0, LossKeyDeleted
+			case ok && wr.Err() == nil:
+			case ctx.Err() != nil:
+				return 0, LossSessionClosed
+			default:
+				// Compacted, or failed: read the key instead, and watch
+				// again from that read.
+				rev, there := h.stillHeld(ctx)
+				switch {
+				case !there:
+					return 0, LossKeyDeleted
+				case rev > 0:
+					return rev + 1, ""
+				}
+				// Unknown: the next read decides, and the silence clock
+				// runs meanwhile.
+				wch, broken = nil, true
+			}
+		case <-reread.C:
+			rev, there := h.stillHeld(ctx)
+			switch {
+			case !there:
+				return 0, LossKeyDeleted
+			case broken && rev > 0:
+				return rev + 1, ""
 			}
 		case <-timer.C:
 			d := s.untilSilent()
@@ -186,4 +211,21 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 			return 0, LossSessionClosed
 		}
 	}
+}
+
+// stillHeld reads our key: it reports false if etcd says the key of the
+// hold is gone, and otherwise the revision of the read, 0 where the read
+// failed (we cannot tell: the hold is taken as still there).
+func (h *hold) stillHeld(ctx context.Context) (int64, bool) {
+	s := h.t.s
+	rctx, cancel := context.WithTimeout(ctx, s.ttl/3)
+	defer cancel()
+	resp, err := s.client.Get(rctx, h.t.key, clientv3.WithKeysOnly())
+	switch {
+	case err != nil || resp == nil || resp.Header == nil:
+		return 0, true
+	case len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != h.token():
+		return resp.Header.Revision, false
+	}
+	return resp.Header.Revision, true
 }

@@ -32,6 +32,6 @@ func ReleaseLater(m *Mutex, rev int64, then func()) {
 // ticketAt returns m's key as held with token rev.
 func ticketAt(m *Mutex, rev int64) *ticket {
 	t := m.ticket()
-	t.rev = rev
+	t.state, t.rev = keyPut, rev
 	return t
 }

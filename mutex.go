@@ -185,7 +185,7 @@ func (m *Mutex) failed(ctx, opCtx context.Context, err error) error {
 
 // ticket returns our key in the lock's queue, for a new acquisition.
 func (m *Mutex) ticket() *ticket {
-	return &ticket{s: m.s, lock: m.name, kind: KindMutex, rule: &m.rule, key: m.key, value: m.s.identity}
+	return m.s.newTicket(m.name, KindMutex, &m.rule, m.key, m.s.identity)
 }
 
 // UnlockContext ends one hold of the calling goroutine. It returns

@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -72,17 +73,55 @@ type rule struct {
 }
 
 // A ticket is one key of ours in a queue, from its enqueue to its release.
+//
+// What the ticket knows of its key in etcd (keyState and rev) and the
+// marker that fences its late puts are owned together: they decide which
+// key, if any, a cleanup deletes, and how.
 type ticket struct {
-	s         *Session
-	lock      string // the lock's name, and its kind (KindMutex...), for observers
-	kind      string
-	rule      *rule
-	key       string
-	value     string
-	rev       int64 // the key's create revision, the fencing token; 0 while unknown
-	dirty     bool  // the key may be in etcd
+	s     *Session
+	lock  string // the lock's name, and its kind (KindMutex...), for observers
+	kind  string
+	rule  *rule
+	key   string
+	value string
+	// marker is a key of this ticket's own, outside every lock's prefix,
+	// that every Txn of the ticket that may put its key requires absent;
+	// the cleanup of an unsure put writes it, so that a put applied after
+	// the cleanup fails (a request held up in the network, or sent to a
+	// member that applies it late).
+	marker    string
+	state     keyState
+	rev       int64 // the key's create revision, the fencing token, while state is keyPut
 	contended bool  // the acquisition waited for another holder
 }
+
+// A keyState is what a ticket knows of its key in etcd.
+type keyState int
+
+const (
+	keyAbsent keyState = iota // not put, or deleted: nothing to clean up
+	keyPut                    // put at rev, which fences its delete
+	// keyUnsure: a Txn that may put the key got no reply; it may have been
+	// applied, or may be yet. Only a cleanup that writes the marker ends it.
+	keyUnsure
+)
+
+// newTicket returns a ticket for key in the queue of the lock name, of kind
+// kind (KindMutex...), under rule.
+func (s *Session) newTicket(name, kind string, r *rule, key, value string) *ticket {
+	return &ticket{s: s, lock: name, kind: kind, rule: r, key: key, value: value,
+		marker: fmt.Sprintf("%s\x00etcdlock/%x-%x", name, s.Lease(), s.seq.Add(1))}
+}
+
+// mayPut returns the compare every Txn that may put our key carries: our
+// marker is absent, so no cleanup has run yet.
+func (t *ticket) mayPut() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(t.marker), "=", 0)
+}
+
+// sent records that a Txn that may put our key is about to be sent: until
+// its reply comes, the key may be put.
+func (t *ticket) sent() { t.state, t.rev = keyUnsure, 0 }
 
 // A place is where our key stands in its queue, as read at one revision.
 type place struct {
@@ -110,8 +149,9 @@ func (t *ticket) acquire(ctx context.Context, wait time.Duration, then func()) e
 	err := t.enter(ctx, wait)
 	for errors.Is(err, errKeyGone) && ctx.Err() == nil && !t.s.expired() {
 		// Our key was deleted while we waited, by hand or by a revoke that
-		// the keep-alive has not seen yet: queue again. A revoked lease
-		// fails the put with ErrLeaseNotFound.
+		// the keep-alive has not seen yet: queue again, as a new key. A
+		// revoked lease fails the put with ErrLeaseNotFound.
+		t.state, t.rev = keyAbsent, 0
 		err = t.enter(ctx, wait)
 	}
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -162,14 +202,15 @@ func (t *ticket) enqueue(ctx context.Context) (place, error) {
 	// a cleanup sent while the Txn is still in flight could be applied first.
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
-	t.dirty = true
+	t.sent()
 	resp, err := c.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
+		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0), t.mayPut()).
 		Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
 		Else(clientv3.OpGet(t.key)).
 		Commit()
 	if err != nil {
-		// D3: the Txn may have been applied though the reply was lost.
+		// D3: the Txn may have been applied though the reply was lost, or
+		// may be applied later: the key stays unsure.
 		return place{}, err
 	}
 	p, err := t.placed(resp)
@@ -204,8 +245,8 @@ func (t *ticket) try(ctx context.Context) (p place, err error) {
 		if readFirst {
 			txn = txn.Then(t.blockers()...)
 		} else {
-			t.dirty = true
-			txn = txn.If(unchanged, clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0)).
+			t.sent()
+			txn = txn.If(unchanged, clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0), t.mayPut()).
 				Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
 				Else(t.blockers()...)
 		}
@@ -223,7 +264,9 @@ func (t *ticket) try(ctx context.Context) (p place, err error) {
 			}
 			return p, err
 		}
-		t.dirty = false
+		if !readFirst {
+			t.state = keyAbsent // the compare failed: nothing was put
+		}
 		p, adopt, err := t.blocked(ctx, resp)
 		switch {
 		case adopt:
@@ -284,13 +327,13 @@ func (t *ticket) placed(resp *clientv3.TxnResponse) (place, error) {
 		if mine == nil || len(mine.Kvs) != 1 || mine.Kvs[0].CreateRevision <= 0 {
 			return place{}, errMalformed
 		}
-		t.rev = mine.Kvs[0].CreateRevision
+		t.state, t.rev = keyPut, mine.Kvs[0].CreateRevision
 		return place{}, nil
 	}
 	if len(resp.Responses) != 1+len(t.rule.newest()) {
 		return place{}, errMalformed
 	}
-	t.rev = resp.Header.Revision
+	t.state, t.rev = keyPut, resp.Header.Revision
 	return t.rule.placeNew(t.key, resp.Responses[1:], t.rev)
 }
 
@@ -446,22 +489,43 @@ func (t *ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, 
 		// queue.)
 		return t.stillThere(ctx, p)
 	case wr.Created && wr.Header.Revision != p.seen:
-	case len(wr.Events) == 0:
-		return place{}, nil
-	case t.ownerRange(p):
-		// Our key's delete first, even in the holder's own Txn.
-		if slices.ContainsFunc(wr.Events, func(ev *clientv3.Event) bool { return string(ev.Kv.Key) == t.key }) {
-			return place{}, errKeyGone
-		}
-		for _, ev := range wr.Events {
-			if string(ev.Kv.Key) == p.watch {
-				return place{seen: ev.Kv.ModRevision}, nil
+	default:
+		// A watch served by a member that lags delivers what the read of p
+		// already saw, such as the delete of an earlier key of the same
+		// name (a Mutex's key is its name and lease: the holder may have
+		// released and locked again): only what came after p's read counts.
+		events := after(wr.Events, p.seen)
+		switch {
+		case len(events) == 0:
+			return place{}, nil
+		case t.ownerRange(p):
+			// Our key's delete first, even in the holder's own Txn.
+			if slices.ContainsFunc(events, func(ev *clientv3.Event) bool { return string(ev.Kv.Key) == t.key }) {
+				return place{}, errKeyGone
 			}
+			for _, ev := range events {
+				if string(ev.Kv.Key) == p.watch {
+					return place{seen: ev.Kv.ModRevision}, nil
+				}
+			}
+			return place{}, nil
 		}
-		return place{}, nil
 	}
 	next, err := t.read(ctx)
 	return changed(p, next), err
+}
+
+// after returns the events of a watch response that came after revision
+// rev: a watch can deliver older ones (served by a member that lags, or
+// etcd #20221), which a read at rev, or a key created at rev, has seen.
+// Events come in revision order.
+func after(events []*clientv3.Event, rev int64) []*clientv3.Event {
+	for i, ev := range events {
+		if ev.Kv != nil && ev.Kv.ModRevision > rev {
+			return events[i:]
+		}
+	}
+	return nil
 }
 
 // stillThere reads whether the key a lock's place p watches is still there,
@@ -512,7 +576,7 @@ func (t *ticket) ownGone(ctx context.Context, wr clientv3.WatchResponse) (bool, 
 		}
 		return len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != t.rev, nil
 	}
-	return len(wr.Events) > 0, nil
+	return len(after(wr.Events, t.rev)) > 0, nil
 }
 
 // promote tells the key behind ours that we now hold, so that it learns its
@@ -539,7 +603,7 @@ func (t *ticket) promote(ctx context.Context) error {
 // etcd does not confirm the delete, it is retried in the background, and then
 // runs only after it succeeded or the Session ended.
 func (t *ticket) abort(ctx context.Context, then func()) {
-	if t.dirty && !t.s.expired() {
+	if t.state != keyAbsent && !t.s.expired() {
 		if _, err := t.release(ctx, abortTimeout); err != nil {
 			t.releaseLater(then)
 			return
@@ -550,30 +614,48 @@ func (t *ticket) abort(ctx context.Context, then func()) {
 	}
 }
 
-// release deletes our key if its create revision is t.rev (where t.rev is
-// unknown, 0, whatever its revision: only this Session uses this key) on a
-// context detached from ctx and bounded by timeout. It reports whether a key
-// was deleted.
+// release deletes our key (see deleteKey) on a context detached from ctx and
+// bounded by timeout. It reports whether a key was deleted.
 func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	return t.deleteKey(ctx)
 }
 
-// deleteKey is release's delete, on ctx as it is.
+// deleteKey deletes our key, on ctx as it is, and reports whether it did.
+// A key known to be put is deleted fenced on its create revision (D6). Where
+// a put is unsure, one Txn writes the marker, which fails every put of the
+// ticket that etcd has yet to apply, and deletes the key by name: only this
+// ticket uses the key meanwhile (a Mutex's key is its process's turn). The
+// marker makes that Txn act once: a retry, or a copy of it applied late, can
+// never delete a later key of the same name.
 func (t *ticket) deleteKey(ctx context.Context) (bool, error) {
-	cmp := clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)
-	if t.rev == 0 {
-		cmp = clientv3.Compare(clientv3.CreateRevision(t.key), ">", 0)
+	txn := t.s.client.Txn(ctx)
+	switch t.state {
+	case keyAbsent:
+		return false, nil
+	case keyPut:
+		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).Then(clientv3.OpDelete(t.key))
+	default:
+		txn = txn.If(t.mayPut()).Then(clientv3.OpPut(t.marker, "", clientv3.WithLease(t.s.Lease())), clientv3.OpDelete(t.key))
 	}
-	resp, err := t.s.client.Txn(ctx).If(cmp).Then(clientv3.OpDelete(t.key)).Commit()
-	if err != nil {
+	resp, err := txn.Commit()
+	switch {
+	case t.state == keyUnsure && errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// The lease is gone, and every key with it: no put of ours can
+		// succeed.
+		return false, nil
+	case err != nil:
 		return false, err
+	case resp == nil:
+		return false, errMalformed
+	case t.state == keyPut || !resp.Succeeded:
+		return resp.Succeeded, nil
 	}
-	if resp == nil {
+	if len(resp.Responses) != 2 || resp.Responses[1].GetResponseDeleteRange() == nil {
 		return false, errMalformed
 	}
-	return resp.Succeeded, nil
+	return resp.Responses[1].GetResponseDeleteRange().Deleted > 0, nil
 }
 
 // releaseLater retries the delete of our key in the background, with

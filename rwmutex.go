@@ -155,10 +155,11 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 		}
 	}
 
-	t := &ticket{s: rw.s, lock: rw.name, kind: KindRead, rule: &rw.reader, key: rw.s.uniqueKey(rw.name + "/read/"), value: rw.s.identity}
+	kind, r, sub := KindRead, &rw.reader, "/read/"
 	if write {
-		t.kind, t.rule, t.key = KindWrite, &rw.writer, rw.s.uniqueKey(rw.name+"/write/")
+		kind, r, sub = KindWrite, &rw.writer, "/write/"
 	}
+	t := rw.s.newTicket(rw.name, kind, r, rw.s.uniqueKey(rw.name+sub), rw.s.identity)
 	a := rw.s.events.startAcquire(t.kind, rw.name)
 	opCtx, cancel := rw.s.opContext(ctx, wait)
 	defer cancel()

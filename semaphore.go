@@ -125,14 +125,7 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	if err := startable(ctx, sem.s); err != nil {
 		return nil, err
 	}
-	t := &ticket{
-		s:     sem.s,
-		lock:  sem.name,
-		kind:  KindSemaphore,
-		rule:  &sem.rule,
-		key:   sem.s.uniqueKey(sem.name + "/"),
-		value: semaphoreValue(sem.limit, sem.s.identity),
-	}
+	t := sem.s.newTicket(sem.name, KindSemaphore, &sem.rule, sem.s.uniqueKey(sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
 	a := sem.s.events.startAcquire(KindSemaphore, sem.name)
 	opCtx, cancel := sem.s.opContext(ctx, wait)
 	defer cancel()

@@ -1,0 +1,820 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+// The fault matrix: for every kind of lock, every etcd call the lock makes
+// (seams_test.go) and every fault that call can suffer, one case that runs
+// an acquisition, a hold and a release with the fault injected at that
+// call, and then judges the outcome in etcd, never from the library's own
+// report:
+//   - holders: a lock call that returns held has a key that etcd counts
+//     among the holders (never more than the limit);
+//   - nothing left: once a call returned without the lock, and once every
+//     late request has been applied, no key of the actor's leases is under
+//     the lock's prefix; after the release, none either;
+//   - tokens: H's, A's and the last holder's tokens strictly increase;
+//   - no stranded waiter: once the lock is free, the actor holds within
+//     one TTL (the bound is 2 × (TTL + 1 s));
+//   - Done: it stays open while the key and the lease are there, and
+//     closes once they are gone (within 2 × 2 s), or once keep-alives went
+//     silent, before the lease can expire.
+//
+// Each case is named kind/call/fault. ETCDLOCK_MATRIX_LONG=1 runs the
+// sweep: every case at the first three occurrences of its call, three
+// times over.
+
+// matrixTTL is the actor's lease TTL: the bound of a stranded wait, and of
+// Done after keep-alives went silent.
+const matrixTTL = 3 * time.Second
+
+// A matrixKind is a kind of lock in the matrix.
+type matrixKind struct {
+	name string
+	// actor returns the lock under test on the seam's client: s is its
+	// Session, nil for Lead, which makes its own.
+	actor func(t *testing.T, client *clientv3.Client, s *etcdlock.Session, name string, sm *seam) actor
+	// blocker, middle: locks of healthy clients that hold (H) and wait
+	// (M, C, B) beside the actor.
+	blocker, other func(s *etcdlock.Session, name string) famLock
+	calls          []call
+}
+
+var txnFaults = []fault{faultLost, faultDropped, faultLate, faultDeleted, faultRevoked}
+
+var matrix = []matrixKind{
+	{"Mutex", famActor(openMutex), openMutex, openMutex, lockCalls(true, callCheck)},
+	{"RWMutex write", famActor(openWriter), openWriter, openWriter, lockCalls(true, callCheck)},
+	{"RWMutex read", famActor(openReader), openWriter, openWriter, lockCalls(true, callCheck)},
+	{"Semaphore", famActor(openSemaphore(2)), blockSemaphore(2), openSemaphore(2), lockCalls(true, callPromote)},
+	{"Do", doActor, openMutex, openMutex, lockCalls(false, callCheck)},
+	// Lead closes its Session as it returns: the revoke deletes the key,
+	// and no release is retried in the background.
+	{"Lead", leadActor, openMutex, openMutex, slices.DeleteFunc(append([]call{callGrant}, lockCalls(false, callCheck)...),
+		func(c call) bool { return c == callBackground })},
+}
+
+// lockCalls lists the calls of an acquisition, a hold and a release: with
+// the tries, or without (Do and Lead have none); extra is the kind's own.
+func lockCalls(tries bool, extra call) []call {
+	calls := []call{callEnqueue, callRequeue}
+	if tries {
+		calls = append(calls, callTry, callTryRead)
+	}
+	return append(calls, callRead, extra, callCleanup, callRelease, callBackground,
+		callWatch, callOwnWatch, callLossWatch, callKeepAlive)
+}
+
+// faultsOf lists the faults a call can suffer.
+func faultsOf(c call) []fault {
+	switch c {
+	case callGrant:
+		return []fault{faultLost, faultDropped, faultLate}
+	case callWatch, callOwnWatch, callLossWatch:
+		return []fault{faultLagging, faultEvent, faultDeleted, faultRevoked}
+	case callKeepAlive:
+		return []fault{faultLost, faultDropped, faultDeleted, faultRevoked}
+	}
+	return txnFaults
+}
+
+// nthOf is the occurrence of a call that a case faults: a try's is the
+// one after the lock came free, which puts our key.
+func nthOf(c call) int {
+	switch c {
+	case callTry, callTryRead:
+		return 2
+	case callKeepAlive:
+		return 2 // one acknowledged first, so that there is a last one
+	}
+	return 1
+}
+
+func TestFaultMatrix(t *testing.T) {
+	srv, healthy := startServer(t)
+	rounds, nths := 1, []int{0}
+	if faultsFor(t, "ETCDLOCK_MATRIX_LONG", 0) > 0 {
+		rounds, nths = 3, []int{1, 2, 3}
+	}
+	// The cases spend most of their time waiting for etcd and for timers:
+	// run many at once.
+	slots := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	counts := make(map[string]int)
+	for round := range rounds {
+		for _, k := range matrix {
+			for _, c := range k.calls {
+				for _, f := range faultsOf(c) {
+					for _, nth := range nths {
+						name := fmt.Sprintf("%s/%s/%s", k.name, c, f)
+						if nth > 0 {
+							name += fmt.Sprintf("/%d/round%d", nth, round)
+						} else {
+							nth = nthOf(c)
+						}
+						slots <- struct{}{}
+						wg.Go(func() {
+							defer func() { <-slots }()
+							t.Run(name, func(t *testing.T) {
+								mc := &matrixCase{t: t, kind: k, at: c, fault: f, nth: nth, sweep: len(nths) > 1}
+								mc.run(srv.Endpoints(), healthy)
+								mu.Lock()
+								counts[k.name]++
+								mu.Unlock()
+							})
+						})
+					}
+				}
+			}
+		}
+	}
+	wg.Wait()
+	t.Logf("cases run: %v", counts)
+}
+
+// An actor is the lock under test, on the seam's client.
+type actor interface {
+	// acquire takes the lock: only a try (wait 0), or waiting at most wait
+	// (< 0: until ctx ends).
+	acquire(ctx context.Context, wait time.Duration) (bool, error)
+	// hold returns the key and token of the hold, and its loss signal.
+	hold() (key string, token int64, done <-chan struct{})
+	release(ctx context.Context) error
+}
+
+// famActor makes an actor of a lock of the family.
+func famActor(open func(s *etcdlock.Session, name string) famLock) func(*testing.T, *clientv3.Client, *etcdlock.Session, string, *seam) actor {
+	return func(t *testing.T, _ *clientv3.Client, s *etcdlock.Session, name string, _ *seam) actor {
+		a := &lockActor{l: open(s, name), ops: make(chan func())}
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			for f := range a.ops {
+				f()
+			}
+		}()
+		t.Cleanup(func() { close(a.ops); <-stopped })
+		return a
+	}
+}
+
+// A lockActor runs every call on a goroutine of its own: holds belong to
+// goroutines.
+type lockActor struct {
+	l   famLock
+	ops chan func()
+}
+
+// on runs f on the actor's goroutine.
+func (a *lockActor) on(f func()) {
+	ran := make(chan struct{})
+	a.ops <- func() { f(); close(ran) }
+	<-ran
+}
+
+func (a *lockActor) acquire(ctx context.Context, wait time.Duration) (held bool, err error) {
+	a.on(func() {
+		if wait < 0 {
+			err = a.l.Lock(ctx)
+			held = err == nil
+			return
+		}
+		held, err = a.l.TryLock(ctx, wait)
+	})
+	return held, err
+}
+
+func (a *lockActor) hold() (key string, token int64, done <-chan struct{}) {
+	a.on(func() { key, token, done = heldKey(a.l), a.l.Token(), a.l.Done() })
+	return key, token, done
+}
+
+func (a *lockActor) release(ctx context.Context) (err error) {
+	a.on(func() { err = a.l.Unlock(ctx) })
+	return err
+}
+
+// heldKey returns the key of a lock of the family's hold.
+func heldKey(l famLock) string {
+	switch l := l.(type) {
+	case mutexLock:
+		return l.m.Key()
+	case *semLock:
+		if len(l.permits) > 0 {
+			return l.permits[0].Key()
+		}
+		return ""
+	}
+	return "" // an RWMutex's: found by its token
+}
+
+// scopeActor runs Do or Lead: a hold is one run of f, which reports it and
+// runs until released or its context ends.
+type scopeActor struct {
+	started chan struct{}
+	stop    chan struct{}
+	ended   chan struct{} // closed when Do or Lead returned, with err
+	err     error
+	cancel  context.CancelFunc
+
+	mu   sync.Mutex
+	held etcdlock.Held
+	fctx context.Context
+}
+
+func newScopeActor() *scopeActor {
+	return &scopeActor{started: make(chan struct{}, 16), stop: make(chan struct{}), ended: make(chan struct{})}
+}
+
+func (a *scopeActor) f(ctx context.Context) error {
+	h, _ := etcdlock.HeldFrom(ctx)
+	a.mu.Lock()
+	a.held, a.fctx = h, ctx
+	a.mu.Unlock()
+	a.started <- struct{}{}
+	select {
+	case <-a.stop:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// run starts run, with a context that ends after wait (wait >= 0), and
+// waits until f starts or run returns.
+func (a *scopeActor) run(ctx context.Context, wait time.Duration, run func(ctx context.Context) error) (bool, error) {
+	if wait >= 0 {
+		ctx, a.cancel = context.WithTimeout(ctx, wait)
+	} else {
+		ctx, a.cancel = context.WithCancel(ctx)
+	}
+	go func() {
+		defer close(a.ended)
+		a.err = run(ctx)
+	}()
+	select {
+	case <-a.started:
+		return true, nil
+	case <-a.ended:
+		return false, a.err
+	}
+}
+
+func (a *scopeActor) hold() (string, int64, <-chan struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.held.Key, a.held.Token, a.fctx.Done()
+}
+
+// release ends f and waits for Do or Lead to return.
+func (a *scopeActor) release(context.Context) error {
+	close(a.stop)
+	a.cancel()
+	select {
+	case <-a.ended:
+		if errors.Is(a.err, context.Canceled) {
+			return nil // Lead ends with its context
+		}
+		return a.err
+	case <-time.After(testTimeout):
+		return errors.New("test: Do or Lead did not return after its release")
+	}
+}
+
+// end stops Do or Lead if still running.
+func (a *scopeActor) end() {
+	if a.cancel != nil {
+		a.cancel()
+		select {
+		case <-a.ended:
+		case <-time.After(testTimeout):
+		}
+	}
+}
+
+type doScope struct {
+	*scopeActor
+	m *etcdlock.Mutex
+}
+
+func doActor(t *testing.T, _ *clientv3.Client, s *etcdlock.Session, name string, _ *seam) actor {
+	a := &doScope{newScopeActor(), etcdlock.NewMutex(s, name)}
+	t.Cleanup(a.end)
+	return a
+}
+
+func (a *doScope) acquire(ctx context.Context, wait time.Duration) (bool, error) {
+	return a.run(ctx, wait, func(ctx context.Context) error { return a.m.Do(ctx, a.f) })
+}
+
+type leadScope struct {
+	*scopeActor
+	client *clientv3.Client
+	name   string
+}
+
+func leadActor(t *testing.T, client *clientv3.Client, _ *etcdlock.Session, name string, _ *seam) actor {
+	a := &leadScope{newScopeActor(), client, name}
+	t.Cleanup(a.end)
+	return a
+}
+
+func (a *leadScope) acquire(ctx context.Context, wait time.Duration) (bool, error) {
+	return a.run(ctx, wait, func(ctx context.Context) error {
+		return etcdlock.Lead(ctx, a.client, a.name, a.f, etcdlock.WithTTL(matrixTTL))
+	})
+}
+
+// A matrixCase is one case of the matrix.
+type matrixCase struct {
+	t     *testing.T
+	kind  matrixKind
+	at    call
+	fault fault
+	nth   int
+	sweep bool // a later occurrence may not come: not a failure
+
+	healthy *clientv3.Client
+	name    string
+	sm      *seam
+	session *etcdlock.Session // the actor's; nil for Lead
+	tokens  []int64           // of the holds, in the order they began
+}
+
+// leases returns the actor's leases.
+func (mc *matrixCase) leases() []clientv3.LeaseID {
+	if mc.session != nil {
+		return []clientv3.LeaseID{mc.session.Lease()}
+	}
+	return mc.sm.granted()
+}
+
+// actorKeys returns the actor's keys under the lock's prefix.
+func (mc *matrixCase) actorKeys(ctx context.Context) ([]string, error) {
+	resp, err := mc.healthy.Get(ctx, mc.name+"/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	leases := mc.leases()
+	var keys []string
+	for _, kv := range resp.Kvs {
+		if slices.Contains(leases, clientv3.LeaseID(kv.Lease)) {
+			keys = append(keys, string(kv.Key))
+		}
+	}
+	return keys, nil
+}
+
+// hand deletes the actor's keys, or revokes its leases: an operator, or
+// the expiry of the lease, between two calls.
+func (mc *matrixCase) hand(f fault) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if f == faultRevoked {
+		for _, id := range mc.leases() {
+			_, _ = mc.healthy.Revoke(ctx, id)
+		}
+		return
+	}
+	keys, err := mc.actorKeys(ctx)
+	if err != nil {
+		mc.t.Errorf("read the actor's keys: %v", err)
+	}
+	for _, k := range keys {
+		_, _ = mc.healthy.Delete(ctx, k)
+	}
+}
+
+// removes reports whether the case's fault takes the actor's key or lease
+// away at some point: a hold may then be lost.
+func (mc *matrixCase) removes() bool {
+	switch {
+	case mc.fault == faultDeleted, mc.fault == faultRevoked:
+		return true
+	case mc.at == callKeepAlive:
+		return true // lost and dropped: keep-alives go silent
+	case mc.at == callOwnWatch && mc.fault == faultEvent, mc.at == callLossWatch && mc.fault == faultEvent:
+		return true // the case deletes the key, and the watch loses the event
+	}
+	return false
+}
+
+// byHand reports whether the case deletes the actor's key itself, at the
+// point of the call: a requeue needs a key deleted while waiting, and a
+// lost event needs one to lose.
+func (mc *matrixCase) byHand() bool {
+	return mc.at == callRequeue || mc.fault == faultEvent && (mc.at == callOwnWatch || mc.at == callLossWatch)
+}
+
+// stranded is the longest a waiter may take to hold once the lock is free:
+// one TTL, the period of its safety read, with 2× slack.
+var stranded = 2 * (matrixTTL + time.Second)
+
+func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
+	t := mc.t
+	mc.healthy, mc.name = healthy, lockName(t)
+	mc.sm = newSeam(mc.at, mc.fault, mc.nth)
+	mc.sm.hand = mc.hand
+	mc.sm.holder = mc.holder
+	client := interceptedClient(t, endpoints, mc.sm.unary, mc.sm.stream)
+	if mc.kind.name != "Lead" {
+		mc.session = newSession(t, client, etcdlock.WithTTL(matrixTTL))
+	}
+	ctx := testContext(t)
+
+	// Warm-up, with no fault: the actor holds and releases once (a Mutex's
+	// key then has an earlier incarnation in etcd's history), and H holds,
+	// releases and holds again (so has H's, for a Mutex).
+	warm := mc.kind.actor(t, client, mc.session, mc.name, mc.sm)
+	if ok, err := warm.acquire(ctx, -1); !ok {
+		t.Fatalf("warm-up: acquire: %v", err)
+	}
+	if err := warm.release(ctx); err != nil {
+		t.Fatalf("warm-up: release: %v", err)
+	}
+	// A member that lags serves the wait's watch from before H's earlier
+	// release (and after the actor's); the watches of our own key, from
+	// before the actor's earlier release.
+	mc.sm.lagFrom = map[call]int64{callWatch: revision(t, healthy) + 1, callOwnWatch: 1, callLossWatch: 1}
+	h := mc.kind.blocker(newSession(t, healthy), mc.name)
+	mustLock(t, h)
+	if err := h.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustLock(t, h)
+	mc.tokens = append(mc.tokens, h.Token())
+	hHeld := true
+	var freeAt time.Time
+	releaseH := func() {
+		if hHeld {
+			hHeld = false
+			if err := h.Unlock(ctx); err != nil {
+				t.Errorf("H's unlock: %v", err)
+			}
+			freeAt = time.Now()
+		}
+	}
+	defer releaseH()
+
+	// M waits between H and the actor, so that the actor reads its place
+	// when M goes; it holds only an instant.
+	var mDone <-chan error
+	if mc.at == callRead {
+		mDone = mc.queue(ctx, mc.kind.other(newSession(t, healthy), mc.name), true)
+	}
+
+	a := mc.kind.actor(t, client, mc.session, mc.name, mc.sm)
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	mc.sm.enter(phaseAcquire, acancel)
+	if mc.at == callCheck {
+		mc.sm.bump = func() { _, _ = healthy.Put(context.Background(), mc.name+"-bump", "") }
+	}
+
+	var held bool
+	var err error
+	switch mc.at {
+	case callTry, callTryRead:
+		for range 2 {
+			if held, err = a.acquire(actx, 0); held || err != nil {
+				break
+			}
+		}
+		if !held && err == nil {
+			releaseH()
+			held, err = a.acquire(actx, 0)
+		}
+	case callCleanup:
+		held, err = a.acquire(actx, 400*time.Millisecond)
+	default:
+		held, err = mc.contend(actx, a, releaseH)
+	}
+	acquired := time.Now()
+	mc.sm.bump = nil
+	var key string
+	var token int64
+	var done <-chan struct{}
+	if held {
+		// Judged at once, before H goes: a hold beside H's is two holders.
+		key, token, done = a.hold()
+		mc.judge(ctx, key, token)
+		mc.tokens = append(mc.tokens, token)
+	}
+	releaseH()
+	if mDone != nil {
+		if err := waitErr(t, mDone); err != nil {
+			t.Errorf("M: %v", err)
+		}
+	}
+	if !held {
+		mc.sm.settle()
+		mc.noActorKeys(mc.at == callCleanup || mc.at == callBackground, "after the acquisition returned without the lock (%v)", err)
+	} else {
+		if !freeAt.IsZero() && acquired.Sub(freeAt) > stranded && !mc.removes() {
+			t.Errorf("the actor held %v after the lock came free: want at most %v", acquired.Sub(freeAt).Round(time.Millisecond), stranded)
+		}
+		mc.holdAndRelease(ctx, a, key, token, done)
+	}
+	releaseH()
+	mc.sm.settle()
+	mc.noActorKeys(true, "after the release")
+
+	// The lock is free: B takes it at once, with a newer token.
+	b := mc.kind.other(newSession(t, healthy), mc.name)
+	if ok, err := b.TryLock(ctx, stranded); !ok {
+		keys, _ := mc.actorKeys(ctx)
+		queue, _ := etcdlock.Inspect(context.Background(), healthy, mc.name)
+		t.Fatalf("B could not take the free lock: %v (the actor's keys: %v; the queue: %+v)", err, keys, queue)
+	}
+	mc.tokens = append(mc.tokens, b.Token())
+	if err := b.Unlock(ctx); err != nil {
+		t.Errorf("B's unlock: %v", err)
+	}
+	if !slices.IsSorted(mc.tokens) || len(slices.Compact(slices.Clone(mc.tokens))) != len(mc.tokens) {
+		t.Errorf("tokens of successive holders do not strictly increase: %v", mc.tokens)
+	}
+	if mc.sm.fires() == 0 && !mc.sweep {
+		t.Fatalf("the fault never fired: no %s call was made", mc.at)
+	}
+}
+
+// queue starts l's lock in a goroutine, waits until its key is in etcd, and
+// returns the lock's result; with instant, it unlocks as soon as it holds.
+func (mc *matrixCase) queue(ctx context.Context, l famLock, instant bool) <-chan error {
+	t := mc.t
+	before := len(lockKeys(t, mc.healthy, mc.name))
+	done := make(chan error, 1)
+	release := make(chan struct{})
+	go func() {
+		err := l.Lock(ctx)
+		if err == nil {
+			if !instant {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			err = l.Unlock(context.WithoutCancel(ctx))
+		}
+		done <- err
+	}()
+	if !instant {
+		t.Cleanup(func() { close(release); <-done })
+	}
+	eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, mc.healthy, mc.name)) > before })
+	return done
+}
+
+// contend runs the actor's acquisition while H holds, with what the call
+// under test needs, then releases H; it returns the acquisition's result,
+// without releasing H if it came before.
+func (mc *matrixCase) contend(ctx context.Context, a actor, releaseH func()) (bool, error) {
+	t := mc.t
+	type result struct {
+		held bool
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		held, err := a.acquire(ctx, -1)
+		res <- result{held, err}
+	}()
+	var r *result
+	wait := func(cond func() bool) {
+		deadline := time.Now().Add(stranded)
+		for r == nil && !cond() && time.Now().Before(deadline) {
+			select {
+			case got := <-res:
+				r = &got
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	queued := func() bool { keys, _ := mc.actorKeys(ctx); return len(keys) > 0 }
+	wait(queued)
+	switch {
+	case mc.at == callRequeue:
+		mc.hand(faultDeleted)
+		wait(func() bool { return mc.sm.fires() > 0 })
+	case mc.at == callOwnWatch:
+		time.Sleep(300 * time.Millisecond) // the own watch starts after 100 ms
+		if mc.fault == faultEvent {
+			mc.hand(faultDeleted)
+			wait(func() bool { return mc.sm.fires() > 0 })
+			wait(queued)
+		}
+	case mc.at == callPromote:
+		mc.queue(ctx, mc.kind.other(newSession(t, mc.healthy), mc.name), false)
+	case mc.at == callWatch:
+		// The wait's watch is open: give a lagging member time to deliver.
+		wait(func() bool { return mc.sm.fires() > 0 })
+		time.Sleep(200 * time.Millisecond)
+	}
+	if r == nil {
+		select {
+		case got := <-res:
+			r = &got
+		default:
+		}
+	}
+	if r != nil {
+		// Returned while H holds: judged before H goes.
+		return r.held, r.err
+	}
+	releaseH()
+	if r == nil {
+		select {
+		case got := <-res:
+			r = &got
+		case <-time.After(testTimeout):
+			t.Fatal("the actor's acquisition never returned")
+		}
+	}
+	return r.held, r.err
+}
+
+// holdAndRelease holds the actor's hold as the call under test needs,
+// checks Done against etcd, and releases it.
+func (mc *matrixCase) holdAndRelease(ctx context.Context, a actor, key string, token int64, done <-chan struct{}) {
+	t := mc.t
+	mc.sm.enter(phaseHold, nil)
+	if key == "" {
+		key = mc.keyOf(ctx, token)
+	}
+	gone := mc.follow(key, token)
+	switch {
+	case mc.at == callLossWatch && mc.fault == faultEvent:
+		eventually(t, "the loss monitor's watch", func() bool { return mc.sm.fires() > 0 || isClosed(done) })
+		mc.hand(faultDeleted)
+		mc.closesAfter(done, gone, stranded)
+	case mc.removes() && (mc.at == callLossWatch || mc.at == callKeepAlive):
+		closedAt := closeTime(done)
+		select {
+		case <-done:
+		case <-time.After(3 * matrixTTL):
+			t.Fatalf("Done did not close within %v of the %s fault on %s", 3*matrixTTL, mc.fault, mc.at)
+		}
+		if mc.fault == faultDeleted || mc.fault == faultRevoked {
+			mc.closesAfter(done, gone, 4*time.Second)
+			break
+		}
+		// Keep-alives silent: Done closes before etcd can expire the lease.
+		select {
+		case <-gone.ch:
+			if at := closedAt(); !at.IsZero() && gone.time().Before(at) {
+				t.Errorf("Done closed %v after etcd deleted the key", at.Sub(gone.time()).Round(time.Millisecond))
+			}
+		case <-time.After(testTimeout):
+			t.Error("etcd kept the key of a lease no longer kept alive")
+		}
+	default:
+		closedAt := closeTime(done)
+		time.Sleep(300 * time.Millisecond)
+		if at := closedAt(); !at.IsZero() && (!isClosed(gone.ch) || at.Before(gone.time())) {
+			t.Errorf("Done closed while etcd still had the key %s (token %d) and its lease", key, token)
+		}
+	}
+	mc.sm.enter(phaseRelease, nil)
+	if err := a.release(ctx); err != nil && !mc.removes() && mc.at != callRelease && mc.at != callBackground {
+		t.Errorf("release: %v", err)
+	}
+}
+
+// judge checks in etcd that the actor's key with token is among the
+// holders: else two hold at once.
+func (mc *matrixCase) judge(ctx context.Context, key string, token int64) {
+	t := mc.t
+	entries, err := etcdlock.Inspect(ctx, mc.healthy, mc.name)
+	if err != nil {
+		t.Fatalf("inspect: %v", err)
+	}
+	for _, e := range entries {
+		if e.Token == token && (key == "" || e.Key == key) {
+			if !e.Holds {
+				t.Errorf("two holders: the actor returned holding %s (token %d), which etcd counts as waiting: %+v", e.Key, token, entries)
+			}
+			return
+		}
+	}
+	if !mc.removes() {
+		t.Errorf("the actor returned holding token %d, whose key is not in etcd: %+v", token, entries)
+	}
+}
+
+// keyOf returns the key of the lock with create revision token.
+func (mc *matrixCase) keyOf(ctx context.Context, token int64) string {
+	entries, err := etcdlock.Inspect(ctx, mc.healthy, mc.name)
+	if err != nil {
+		mc.t.Fatalf("inspect: %v", err)
+	}
+	for _, e := range entries {
+		if e.Token == token {
+			return e.Key
+		}
+	}
+	return ""
+}
+
+// A keyWatch closes ch when etcd deletes a key, and records when.
+type keyWatch struct {
+	ch   chan struct{}
+	mu   sync.Mutex
+	when time.Time
+}
+
+func (g *keyWatch) time() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.when
+}
+
+// follow watches, on the healthy client, the actor's key from its creation
+// until etcd deletes it.
+func (mc *matrixCase) follow(key string, token int64) *keyWatch {
+	g := &keyWatch{ch: make(chan struct{})}
+	if key == "" {
+		g.when = time.Now()
+		close(g.ch)
+		return g
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	wch := mc.healthy.Watch(ctx, key, clientv3.WithRev(token+1), clientv3.WithFilterPut())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for wr := range wch {
+			if len(wr.Events) > 0 {
+				g.mu.Lock()
+				g.when = time.Now()
+				g.mu.Unlock()
+				close(g.ch)
+				return
+			}
+		}
+	}()
+	mc.t.Cleanup(func() { cancel(); <-stopped })
+	return g
+}
+
+// closesAfter checks that done closes within bound of etcd deleting the key.
+func (mc *matrixCase) closesAfter(done <-chan struct{}, gone *keyWatch, bound time.Duration) {
+	t := mc.t
+	select {
+	case <-gone.ch:
+	case <-time.After(testTimeout):
+		t.Fatal("etcd never deleted the actor's key")
+	}
+	if d, ok := closedWithin(done, bound); !ok {
+		t.Errorf("Done still open %v after etcd deleted the key", d.Round(time.Millisecond))
+	}
+}
+
+// noActorKeys checks that no key of the actor's leases is under the lock's
+// prefix: at once, or within a few seconds where a background retry or an
+// expiry may do the delete (eventual).
+func (mc *matrixCase) noActorKeys(eventual bool, format string, args ...any) {
+	t := mc.t
+	t.Helper()
+	ctx := testContext(t)
+	bound := time.Duration(0)
+	if eventual || mc.removes() {
+		bound = 3 * matrixTTL
+	}
+	deadline := time.Now().Add(bound)
+	for {
+		keys, err := mc.actorKeys(ctx)
+		if err != nil {
+			t.Fatalf("read the actor's keys: %v", err)
+		}
+		if len(keys) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%v: the actor's keys are left in etcd: %v", fmt.Sprintf(format, args...), keys)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// holder reports whether key is among the lock's holders in etcd.
+func (mc *matrixCase) holder(key string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	entries, err := etcdlock.Inspect(ctx, mc.healthy, mc.name)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(entries, func(e etcdlock.QueueEntry) bool { return e.Key == key && e.Holds })
+}
