@@ -15,6 +15,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -335,5 +337,36 @@ func TestCancelRandomUpstream(t *testing.T) {
 	t.Logf("upstream: %d calls, %d returned an error, %d of them left their key", calls, failed, leaks)
 	if leaks == 0 {
 		t.Errorf("upstream calls that left their key after a cancel: got 0 of %d failed calls, want some (the defect)", failed)
+	}
+}
+
+// An etcd error that comes as a TryLockFor's wait runs out is that error,
+// not "the wait ran out": (false, err), and nothing left behind.
+func TestTryLockForErrorAtWaitEnd(t *testing.T) {
+	srv, client := startServer(t)
+	var fault txnFault
+	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
+	name := lockName(t)
+	ctx := testContext(t)
+	holder := etcdlock.NewMutex(newSession(t, client), name)
+	holder.Lock()
+	defer holder.Unlock()
+
+	const wait = 300 * time.Millisecond
+	m := etcdlock.NewMutex(newSession(t, ic), name)
+	// The enqueue is applied; its reply is lost after the wait has run out.
+	fault.arm(0, 1, func(_ context.Context, invoke func() error) error {
+		if err := invoke(); err != nil {
+			return err
+		}
+		time.Sleep(wait + 100*time.Millisecond)
+		return status.Error(codes.Unavailable, "test: reply lost")
+	})
+	ok, err := m.TryLockFor(ctx, wait)
+	if ok || err == nil || status.Code(errors.Unwrap(err)) != codes.Unavailable {
+		t.Errorf("TryLockFor = %v, %v; want false and the Unavailable error", ok, err)
+	}
+	if keys := lockKeys(t, client, name); len(keys) != 1 {
+		t.Errorf("keys after the failed try = %q, want only the holder's", keys)
 	}
 }

@@ -730,14 +730,16 @@ func startable(ctx context.Context, s *Session) error {
 // take the lock: errBusy where a try or the wait (opCtx's own deadline) ran
 // out, which each primitive reports its own way; else the caller's context's
 // error; else ErrSessionExpired; else err, wrapped with the lock's name
-// unless it is ErrLimitMismatch.
+// unless it is ErrLimitMismatch. An etcd error that came as the wait ran out
+// is that error: only the end of opCtx itself is the wait running out.
 func failure(ctx, opCtx context.Context, s *Session, name string, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case s.expired() || errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return ErrSessionExpired
-	case errors.Is(err, errBusy), errors.Is(opCtx.Err(), context.DeadlineExceeded):
+	case errors.Is(err, errBusy),
+		errors.Is(opCtx.Err(), context.DeadlineExceeded) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
 		return errBusy
 	case errors.Is(err, ErrLimitMismatch):
 		return err
