@@ -655,10 +655,18 @@ func (mc *matrixCase) holdAndRelease(ctx context.Context, a actor, key string, t
 	gone := mc.follow(key, token)
 	switch {
 	case mc.at == callLossWatch && mc.fault == faultEvent:
-		eventually(t, "the loss monitor's watch", func() bool { return mc.sm.fires() > 0 || isClosed(done) })
+		fired := func() bool { return mc.sm.fires() > 0 || isClosed(done) }
+		if mc.sweep {
+			// A later occurrence may come only with the deletion.
+			wctx, cancel := context.WithTimeout(ctx, time.Second)
+			_ = waitUntil(wctx, fired)
+			cancel()
+		} else {
+			eventually(t, "the loss monitor's watch", fired)
+		}
 		mc.hand(faultDeleted)
 		mc.closesAfter(done, gone, stranded)
-	case mc.removes() && (mc.at == callLossWatch || mc.at == callKeepAlive):
+	case mc.removes() && (mc.at == callLossWatch || mc.at == callKeepAlive) && mc.firesWithin(ctx, matrixTTL+time.Second):
 		closedAt := closeTime(done)
 		select {
 		case <-done:
@@ -682,13 +690,33 @@ func (mc *matrixCase) holdAndRelease(ctx context.Context, a actor, key string, t
 		closedAt := closeTime(done)
 		time.Sleep(300 * time.Millisecond)
 		if at := closedAt(); !at.IsZero() && (!isClosed(gone.ch) || at.Before(gone.time())) {
-			t.Errorf("Done closed while etcd still had the key %s (token %d) and its lease", key, token)
+			// The early warning: keep-alives silent for 2/3 of the TTL, as
+			// etcd's replies show (a loaded machine can delay them), is a
+			// loss signal the contract gives while the lease still lives.
+			if quiet := mc.sm.silence(at); quiet >= matrixTTL*2/3 {
+				t.Logf("Done closed while etcd still had the key, after %v without a keep-alive acknowledgement: the early warning", quiet.Round(time.Millisecond))
+			} else {
+				t.Errorf("Done closed while etcd still had the key %s (token %d) and its lease; the last keep-alive acknowledgement came %v before", key, token, quiet.Round(time.Millisecond))
+			}
 		}
 	}
 	mc.sm.enter(phaseRelease, nil)
 	if err := a.release(ctx); err != nil && !mc.removes() && mc.at != callRelease && mc.at != callBackground {
 		t.Errorf("release: %v", err)
 	}
+}
+
+// firesWithin reports whether the fault fires within d: at once outside the
+// sweep, where it must; in the sweep, a later occurrence of a call may never
+// come (a loss monitor opens a second watch only after the first failed),
+// and the case then checks a hold with no fault.
+func (mc *matrixCase) firesWithin(ctx context.Context, d time.Duration) bool {
+	if !mc.sweep {
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return waitUntil(wctx, func() bool { return mc.sm.fires() > 0 }) == nil
 }
 
 // judge checks in etcd that the actor's key with token is among the

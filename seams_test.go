@@ -94,6 +94,7 @@ type seam struct {
 	lateOK int                // late requests applied without error
 	leases []clientv3.LeaseID // leases granted through this client
 	acked  time.Time          // when the last keep-alive acknowledgement was let through
+	acks   []time.Time        // when each was let through
 }
 
 func newSeam(at call, f fault, nth int) *seam {
@@ -129,6 +130,19 @@ func (s *seam) lastAck() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.acked
+}
+
+// silence returns how long no keep-alive acknowledgement had come at time
+// at: the keep-alive's silence as etcd's replies show it.
+func (s *seam) silence(at time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := len(s.acks) - 1; i >= 0; i-- {
+		if !s.acks[i].After(at) {
+			return at.Sub(s.acks[i])
+		}
+	}
+	return 0
 }
 
 // granted returns the leases granted through the client.
@@ -428,6 +442,7 @@ func (k *seamKeepAlive) RecvMsg(m any) error {
 		if !silent {
 			k.s.mu.Lock()
 			k.s.acked = time.Now()
+			k.s.acks = append(k.s.acks, k.s.acked)
 			k.s.mu.Unlock()
 			return nil
 		}
