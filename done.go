@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -45,7 +46,7 @@ func (t *ticket) newHold() *hold {
 func (h *hold) again() *hold { return h.t.newHold() }
 
 // token returns the hold's fencing token.
-func (h *hold) token() int64 { return h.t.rev }
+func (h *hold) token() int64 { return h.t.Rev() }
 
 // end is called when the hold is released: it closes the channel and stops
 // the monitor. A loss the monitor finds after this is no loss.
@@ -105,7 +106,7 @@ func (h *hold) monitor(ctx context.Context) {
 	}
 	h.mu.Unlock()
 	if s := h.t.s; !ended && s.events != nil {
-		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.key, Token: h.token(), Reason: h.lossReason(why)})
+		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.Key(), Token: h.token(), Reason: h.lossReason(why)})
 	}
 }
 
@@ -155,7 +156,7 @@ func (h *hold) lossReason(why LossReason) LossReason {
 // clock matters most. So the watch is opened by a goroutine of its own,
 // which watchLoss waits for before it returns.
 func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
-	s, key := h.t.s, h.t.key
+	s, key := h.t.s, h.t.Key()
 	wctx, cancel := context.WithCancel(ctx)
 	opened := make(chan clientv3.WatchChan, 1)
 	var wg sync.WaitGroup
@@ -174,7 +175,7 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 		case wch = <-opened:
 		case wr, ok := <-wch:
 			switch {
-			case ok && wr.Err() == nil && len(after(wr.Events, h.token())) > 0:
+			case ok && wr.Err() == nil && len(queue.After(wr.Events, h.token())) > 0:
 				return 0, LossKeyDeleted
 			case ok && wr.Err() == nil:
 			case ctx.Err() != nil:
@@ -220,7 +221,7 @@ func (h *hold) stillHeld(ctx context.Context) (int64, bool) {
 	s := h.t.s
 	rctx, cancel := context.WithTimeout(ctx, s.ttl/3)
 	defer cancel()
-	resp, err := s.client.Get(rctx, h.t.key, clientv3.WithKeysOnly())
+	resp, err := s.client.Get(rctx, h.t.Key(), clientv3.WithKeysOnly())
 	switch {
 	case err != nil || resp == nil || resp.Header == nil:
 		return 0, true

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/etcdlock/etcdlock/internal/queue"
 )
 
 var (
@@ -69,14 +71,9 @@ func validate(s *Session, name string, ctx context.Context) error {
 var (
 	// errMalformed: a reply of etcd without the shape its request asks
 	// for, as seen under network faults. An error, never a panic.
-	errMalformed = errors.New("etcdlock: malformed reply from etcd")
-	// errKeyGone: our key vanished while we waited (deleted by someone, or
-	// the lease was revoked).
-	errKeyGone = errors.New("etcdlock: lock key deleted while waiting")
+	errMalformed = queue.ErrMalformed
 	// errBusy: a try found the lock taken.
-	errBusy = errors.New("etcdlock: held by another holder")
-	// errWatchClosed: etcd's client closed a watch that we did not cancel.
-	errWatchClosed = errors.New("etcdlock: watch closed")
+	errBusy = queue.ErrBusy
 )
 
 // An opError is the error of one operation on one lock. Its message has one

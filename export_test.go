@@ -1,6 +1,10 @@
 package etcdlock
 
-import "context"
+import (
+	"context"
+
+	"github.com/etcdlock/etcdlock/internal/queue"
+)
 
 // Queued returns how many goroutines of this process wait for their turn on
 // the lock name of s.
@@ -32,6 +36,6 @@ func ReleaseLater(m *Mutex, rev int64, then func()) {
 // ticketAt returns m's key as held with token rev.
 func ticketAt(m *Mutex, rev int64) *ticket {
 	t := m.ticket()
-	t.state, t.rev = keyPut, rev
+	t.Ticket = queue.Held(m.s.conn, m.rule, m.key, rev)
 	return t
 }

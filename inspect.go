@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -17,15 +18,19 @@ type QueueEntry struct {
 	Token    int64            // the key's create revision: its place in the queue, the holder's fencing token
 	Holds    bool             // holds the lock now (an RWMutex's readers and a Semaphore's permits: several)
 	Identity string           // the holder's WithIdentity, "" if none
-	Kind     string           // "mutex" (also concurrency.Mutex and etcdctl lock), "read", "write" or "semaphore"
+	Kind     Kind             // KindMutex (also concurrency.Mutex and etcdctl lock), KindRead, KindWrite or KindSemaphore
 }
 
-// Kinds of QueueEntry.
+// A Kind is the kind of a key in a lock's queue, and of the lock call that
+// put it: a QueueEntry's and an Event's.
+type Kind string
+
+// The kinds of keys.
 const (
-	KindMutex     = "mutex"
-	KindRead      = "read"
-	KindWrite     = "write"
-	KindSemaphore = "semaphore"
+	KindMutex     Kind = "mutex"     // a Mutex's key (and Lead's, Do's, concurrency.Mutex's, etcdctl lock's)
+	KindRead      Kind = "read"      // an RWMutex reader's
+	KindWrite     Kind = "write"     // an RWMutex writer's
+	KindSemaphore Kind = "semaphore" // a Semaphore permit's
 )
 
 // Inspect reads the queue of the lock called name: the keys of a Mutex, an
@@ -59,7 +64,7 @@ func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]Queue
 	for _, kv := range resp.Kvs {
 		e := QueueEntry{Key: string(kv.Key), Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision, Identity: string(kv.Value)}
 		switch {
-		case isLockKey(pfx, kv.Key):
+		case queue.IsMember(pfx, kv.Key):
 			e.Kind = KindMutex
 			if n, ok := limitOf(kv.Value); ok {
 				e.Kind = KindSemaphore
@@ -69,10 +74,10 @@ func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]Queue
 				}
 			}
 			plain = append(plain, e)
-		case isLockKey(pfx+"read/", kv.Key):
+		case queue.IsMember(pfx+"read/", kv.Key):
 			e.Kind = KindRead
 			rw = append(rw, e)
-		case isLockKey(pfx+"write/", kv.Key):
+		case queue.IsMember(pfx+"write/", kv.Key):
 			e.Kind = KindWrite
 			rw = append(rw, e)
 		}

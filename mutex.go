@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -35,8 +36,8 @@ const tryLockTimeout = 2 * time.Second
 type Mutex struct {
 	s    *Session
 	name string
-	key  string // name/<lease ID in hex>: this process's key for the lock
-	rule rule   // any older key of the lock blocks ours
+	key  string      // name/<lease ID in hex>: this process's key for the lock
+	rule *queue.Rule // any older key of the lock blocks ours
 
 	st atomic.Pointer[lockState] // the lock's record, as last looked up
 }
@@ -48,7 +49,7 @@ type Mutex struct {
 // ErrInvalidName), TryLock return false, and Lock panic.
 func NewMutex(s *Session, name string) *Mutex {
 	pfx := name + "/"
-	m := &Mutex{s: s, name: name, rule: rule{blocking: pfx, member: func(key []byte) bool { return isLockKey(pfx, key) }}}
+	m := &Mutex{s: s, name: name, rule: queue.Lock(pfx, pfx)}
 	if s != nil {
 		m.key = fmt.Sprintf("%s%x", pfx, s.Lease())
 	}
@@ -132,36 +133,23 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	if how == reentered {
 		return true, nil
 	}
-
-	a := m.s.events.startAcquire(KindMutex, m.name)
-	if how == turnBusy {
-		a.end(nil, false, true, wait, nil)
+	// Our process's turn first: one key per process, taken by one
+	// goroutine at a time.
+	turn := func(ctx context.Context) (*hold, bool, error) {
+		switch how {
+		case turnBusy:
+			return nil, true, errBusy
+		case queued:
+			h, err := st.awaitTurn(ctx, w)
+			return h, true, err
+		}
+		return nil, false, nil
+	}
+	_, err := m.s.acquire(ctx, claim{t: m.ticket(), wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
+	if errors.Is(err, errBusy) {
 		return false, nil
 	}
-	opCtx, cancel := m.s.opContext(ctx, wait)
-	defer cancel()
-	if how == queued {
-		h, err := st.awaitTurn(opCtx, w)
-		if h != nil {
-			st.grant(h)
-			a.end(h.t, true, true, wait, nil)
-			return true, nil
-		}
-		if err != nil {
-			err = m.failed(ctx, opCtx, err)
-			a.end(nil, false, true, wait, err)
-			return false, err
-		}
-	}
-	t := m.ticket()
-	if err := t.acquire(opCtx, wait, st.passTurn); err != nil {
-		err = m.failed(ctx, opCtx, err)
-		a.end(t, false, how == queued || t.contended, wait, err)
-		return false, err
-	}
-	st.grant(t.newHold())
-	a.end(t, true, how == queued || t.contended, wait, nil)
-	return true, nil
+	return err == nil, err
 }
 
 // enter starts an acquisition on the live record of the lock.
@@ -174,18 +162,9 @@ func (m *Mutex) enter(ctx context.Context, try bool) (*lockState, entry, *waiter
 	}
 }
 
-// failed returns the error of an acquisition that did not take the lock:
-// nil where the try or the wait ran out.
-func (m *Mutex) failed(ctx, opCtx context.Context, err error) error {
-	if err = failure(ctx, opCtx, m.s, m.name, err); errors.Is(err, errBusy) {
-		return nil
-	}
-	return err
-}
-
 // ticket returns our key in the lock's queue, for a new acquisition.
 func (m *Mutex) ticket() *ticket {
-	return m.s.newTicket(m.name, KindMutex, &m.rule, m.key, m.s.identity)
+	return m.s.newTicket(m.name, KindMutex, m.rule, m.key, m.s.identity)
 }
 
 // UnlockContext ends one hold of the calling goroutine. It returns

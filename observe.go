@@ -80,7 +80,7 @@ type Event struct {
 	Time      time.Time        // when it happened
 	Lease     clientv3.LeaseID // the Session's lease: which Session it happened to
 	Lock      string           // the lock's name
-	Primitive string           // KindMutex, KindRead, KindWrite or KindSemaphore
+	Primitive Kind             // KindMutex, KindRead, KindWrite or KindSemaphore
 	Key       string           // our key, once known
 	Token     int64            // the hold's fencing token, once known
 
@@ -227,7 +227,7 @@ type acquisition struct {
 
 // startAcquire reports the start of an acquisition of the lock name, of kind
 // primitive; a no-op without observers.
-func (d *dispatch) startAcquire(primitive, name string) acquisition {
+func (d *dispatch) startAcquire(primitive Kind, name string) acquisition {
 	if d == nil {
 		return acquisition{}
 	}
@@ -248,7 +248,7 @@ func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, er
 	e.Kind, e.Time = AcquireEnded, time.Now()
 	e.Wait, e.Contended = e.Time.Sub(a.start), contended
 	if t != nil && held {
-		e.Key, e.Token = t.key, t.rev
+		e.Key, e.Token = t.Key(), t.Rev()
 	}
 	switch {
 	case held:
@@ -270,7 +270,7 @@ func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, er
 // failed with err.
 func (t *ticket) released(deleted bool, err error) {
 	if t.s.events != nil {
-		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Err: err, FencedMiss: err == nil && !deleted})
+		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Err: err, FencedMiss: err == nil && !deleted})
 	}
 }
 
@@ -280,7 +280,7 @@ func (h *hold) reportEnd() {
 	t := h.t
 	if t.s.events != nil {
 		now := time.Now()
-		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.key, Token: t.rev, Held: now.Sub(h.since)})
+		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Held: now.Sub(h.since)})
 	}
 }
 
@@ -289,7 +289,7 @@ type logObserver struct{ l *slog.Logger }
 
 func (o logObserver) Observe(e Event) {
 	ctx := context.Background()
-	attrs := []slog.Attr{slog.String("lock", e.Lock), slog.String("primitive", e.Primitive)}
+	attrs := []slog.Attr{slog.String("lock", e.Lock), slog.String("primitive", string(e.Primitive))}
 	if e.Key != "" {
 		attrs = append(attrs, slog.String("key", e.Key), slog.Int64("token", e.Token))
 	}

@@ -159,12 +159,12 @@ func TestObserverEvents(t *testing.T) {
 		if err := p.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		for lock, kind := range map[string]string{name: etcdlock.KindRead, name + " ": etcdlock.KindWrite, name + "-sem": etcdlock.KindSemaphore} {
+		for lock, kind := range map[string]etcdlock.Kind{name: etcdlock.KindRead, name + " ": etcdlock.KindWrite, name + "-sem": etcdlock.KindSemaphore} {
 			lock = strings.TrimSpace(lock)
-			log.wait(t, kind+" acquired", func(e etcdlock.Event) bool {
+			log.wait(t, string(kind)+" acquired", func(e etcdlock.Event) bool {
 				return e.Kind == etcdlock.AcquireEnded && e.Lock == lock && e.Primitive == kind && e.Outcome == etcdlock.OutcomeAcquired
 			})
-			log.wait(t, kind+" released", func(e etcdlock.Event) bool {
+			log.wait(t, string(kind)+" released", func(e etcdlock.Event) bool {
 				return e.Kind == etcdlock.HoldEnded && e.Lock == lock && e.Primitive == kind
 			})
 		}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -38,8 +39,8 @@ import (
 type RWMutex struct {
 	s      *Session
 	name   string
-	reader rule // older writers block a reader
-	writer rule // any older key blocks a writer
+	reader *queue.Rule // older writers block a reader
+	writer *queue.Rule // any older key blocks a writer
 }
 
 // NewRWMutex returns a handle on the reader/writer lock called name, taken
@@ -53,8 +54,8 @@ func NewRWMutex(s *Session, name string) *RWMutex {
 	return &RWMutex{
 		s:      s,
 		name:   name,
-		reader: rule{blocking: writers, member: func(key []byte) bool { return isLockKey(writers, key) }},
-		writer: rule{blocking: pfx, member: func(key []byte) bool { return isLockKey(readers, key) || isLockKey(writers, key) }},
+		reader: queue.Lock(writers, writers),
+		writer: queue.Lock(pfx, readers, writers),
 	}
 }
 
@@ -155,24 +156,16 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 		}
 	}
 
-	kind, r, sub := KindRead, &rw.reader, "/read/"
+	kind, r, sub := KindRead, rw.reader, "/read/"
 	if write {
-		kind, r, sub = KindWrite, &rw.writer, "/write/"
+		kind, r, sub = KindWrite, rw.writer, "/write/"
 	}
 	t := rw.s.newTicket(rw.name, kind, r, rw.s.uniqueKey(rw.name+sub), rw.s.identity)
-	a := rw.s.events.startAcquire(t.kind, rw.name)
-	opCtx, cancel := rw.s.opContext(ctx, wait)
-	defer cancel()
-	if err := t.acquire(opCtx, wait, nil); err != nil {
-		if err = failure(ctx, opCtx, rw.s, rw.name, err); errors.Is(err, errBusy) {
-			err = nil
-		}
-		a.end(t, false, t.contended, wait, err)
-		return false, err
+	_, err := rw.s.acquire(ctx, claim{t: t, wait: wait, grant: func(h *hold) { rw.grant(write, h) }})
+	if errors.Is(err, errBusy) {
+		return false, nil
 	}
-	rw.grant(write, t.newHold())
-	a.end(t, true, t.contended, wait, nil)
-	return true, nil
+	return err == nil, err
 }
 
 // grant records the calling goroutine's new hold, on the live record.
@@ -240,7 +233,7 @@ func (rw *RWMutex) Token() int64 {
 // is held.
 func (rw *RWMutex) IsOwner() clientv3.Cmp {
 	if r := rw.current(); r != nil {
-		return ownerCmp(r.h.t.key, r.h.token())
+		return ownerCmp(r.h.t.Key(), r.h.token())
 	}
 	return ownerCmp("", 0)
 }

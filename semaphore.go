@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -36,7 +37,7 @@ type Semaphore struct {
 	s     *Session
 	name  string
 	limit int
-	rule  rule
+	rule  *queue.Rule
 }
 
 // NewSemaphore returns a handle on the semaphore called name with at most
@@ -48,17 +49,12 @@ type Semaphore struct {
 func NewSemaphore(s *Session, name string, limit int) *Semaphore {
 	pfx := name + "/"
 	sem := &Semaphore{s: s, name: name, limit: limit}
-	sem.rule = rule{
-		blocking: pfx,
-		member:   func(key []byte) bool { return isLockKey(pfx, key) },
-		limit:    limit,
-		accept: func(value []byte) error {
-			if got, ok := limitOf(value); !ok || got != limit {
-				return fmt.Errorf("%w: a holder of %q has %s, this Semaphore %d", ErrLimitMismatch, name, describeLimit(value), limit)
-			}
-			return nil
-		},
-	}
+	sem.rule = queue.Semaphore(pfx, limit, func(value []byte) error {
+		if got, ok := limitOf(value); !ok || got != limit {
+			return fmt.Errorf("%w: a holder of %q has %s, this Semaphore %d", ErrLimitMismatch, name, describeLimit(value), limit)
+		}
+		return nil
+	})
 	return sem
 }
 
@@ -125,19 +121,15 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	if err := startable(ctx, sem.s); err != nil {
 		return nil, err
 	}
-	t := sem.s.newTicket(sem.name, KindSemaphore, &sem.rule, sem.s.uniqueKey(sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
-	a := sem.s.events.startAcquire(KindSemaphore, sem.name)
-	opCtx, cancel := sem.s.opContext(ctx, wait)
-	defer cancel()
-	if err := t.acquire(opCtx, wait, nil); err != nil {
-		if err = failure(ctx, opCtx, sem.s, sem.name, err); errors.Is(err, errBusy) {
-			err = ErrNoPermit
-		}
-		a.end(t, false, t.contended, wait, err)
+	t := sem.s.newTicket(sem.name, KindSemaphore, sem.rule, sem.s.uniqueKey(sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
+	h, err := sem.s.acquire(ctx, claim{t: t, wait: wait})
+	if errors.Is(err, errBusy) {
+		return nil, ErrNoPermit
+	}
+	if err != nil {
 		return nil, err
 	}
-	a.end(t, true, t.contended, wait, nil)
-	return &Permit{sem: sem, h: t.newHold()}, nil
+	return &Permit{sem: sem, h: h}, nil
 }
 
 func (sem *Semaphore) check(ctx context.Context) error {
@@ -193,7 +185,7 @@ func (p *Permit) Key() string {
 	if p.Token() == 0 {
 		return ""
 	}
-	return p.h.t.key
+	return p.h.t.Key()
 }
 
 // Token returns the permit's fencing token, the create revision of its key,
@@ -216,7 +208,7 @@ func (p *Permit) IsOwner() clientv3.Cmp {
 	if p == nil {
 		return ownerCmp("", 0)
 	}
-	return ownerCmp(p.h.t.key, p.Token())
+	return ownerCmp(p.h.t.Key(), p.Token())
 }
 
 // Done returns a channel that is closed when the permit is released or

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -34,6 +35,7 @@ const (
 type Session struct {
 	client      *clientv3.Client
 	cs          *concurrency.Session
+	conn        *queue.Conn // the queue's view of the client and the lease
 	ttl         time.Duration
 	maxHandoffs int    // WithLocalHandoff
 	identity    string // WithIdentity: the value of every key we put
@@ -241,6 +243,7 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		rwlocks:     make(map[string]*rwState),
 		revoked:     make(chan struct{}),
 	}
+	s.conn = &queue.Conn{KV: client, Watcher: client, Lease: sessionLease{s}, TTL: s.ttl}
 	s.lastAck.Store(time.Now().UnixNano())
 	// Keys from an earlier process with the same lease (WithLease) were
 	// numbered from an earlier time: no key of ours can be one of theirs.

@@ -280,7 +280,7 @@ func (c *Collector) closed(lease clientv3.LeaseID) {
 // asked for, then extra. The slice is new: a metric may keep it.
 func (c *Collector) values(e etcdlock.Event, extra ...string) []string {
 	lv := make([]string, 0, 2+len(extra))
-	lv = append(lv, e.Primitive)
+	lv = append(lv, string(e.Primitive))
 	if c.lockLabel {
 		lv = append(lv, e.Lock)
 	}

@@ -1,4 +1,4 @@
-package etcdlock
+package queue
 
 import (
 	"bytes"
@@ -12,14 +12,14 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// FuzzIsLockKey checks isLockKey, which decides which keys under a lock's
+// FuzzIsMember checks IsMember, which decides which keys under a lock's
 // prefix take part in the lock (D11), against what it must mean:
 //   - the key name + "/" + lease hex is a key of the lock name;
 //   - a key of a lock nested under name, name/sub, is not;
 //   - a key of the lock name is a key of no other lock;
 //   - in general, key is a key of the lock with prefix pfx exactly when it
 //     is pfx followed by one path segment without "/".
-func FuzzIsLockKey(f *testing.F) {
+func FuzzIsMember(f *testing.F) {
 	f.Add("jobs/nightly", int64(0x694d7c1a3e7b2b04), "sub", "jobs", []byte("jobs/nightly/694d7c1a3e7b2b04"))
 	f.Add("a", int64(1), "b", "a/b", []byte("a/b/1"))
 	f.Add("", int64(1), "", "/", []byte("/1"))
@@ -35,20 +35,20 @@ func FuzzIsLockKey(f *testing.F) {
 		}
 		pfx := name + "/"
 		own := fmt.Sprintf("%s%x", pfx, id)
-		if !isLockKey(pfx, []byte(own)) {
-			t.Errorf("isLockKey(%q, %q) = false, want true: our own key", pfx, own)
+		if !IsMember(pfx, []byte(own)) {
+			t.Errorf("IsMember(%q, %q) = false, want true: our own key", pfx, own)
 		}
 		nested := fmt.Sprintf("%s%s/%x", pfx, sub, id)
-		if isLockKey(pfx, []byte(nested)) {
-			t.Errorf("isLockKey(%q, %q) = true, want false: a key of the nested lock %q", pfx, nested, name+"/"+sub)
+		if IsMember(pfx, []byte(nested)) {
+			t.Errorf("IsMember(%q, %q) = true, want false: a key of the nested lock %q", pfx, nested, name+"/"+sub)
 		}
-		if other != name && isLockKey(other+"/", []byte(own)) {
-			t.Errorf("isLockKey(%q, %q) = true, want false: a key of the lock %q", other+"/", own, name)
+		if other != name && IsMember(other+"/", []byte(own)) {
+			t.Errorf("IsMember(%q, %q) = true, want false: a key of the lock %q", other+"/", own, name)
 		}
 		rest, ok := bytes.CutPrefix(key, []byte(pfx))
 		want := ok && !bytes.Contains(rest, []byte("/"))
-		if got := isLockKey(pfx, key); got != want {
-			t.Errorf("isLockKey(%q, %q) = %v, want %v", pfx, key, got, want)
+		if got := IsMember(pfx, key); got != want {
+			t.Errorf("IsMember(%q, %q) = %v, want %v", pfx, key, got, want)
 		}
 	})
 }
@@ -92,13 +92,13 @@ func FuzzPlaced(f *testing.F) {
 		}
 		f.Add(data)
 	}
-	r := &rule{blocking: pfx, member: func(k []byte) bool { return isLockKey(pfx, k) }}
+	r := Lock(pfx, pfx)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var resp pb.TxnResponse
 		if err := proto.Unmarshal(data, &resp); err != nil {
 			return
 		}
-		tk := &ticket{rule: r, key: key}
+		tk := &Ticket{rule: r, key: key}
 		p, err := tk.placed((*clientv3.TxnResponse)(&resp))
 		if err != nil {
 			return
@@ -110,7 +110,7 @@ func FuzzPlaced(f *testing.F) {
 			t.Errorf("placed(%v): rev %d, want > 0", &resp, tk.rev)
 		}
 		if !resp.Succeeded {
-			if p.seen != 0 {
+			if p.verdict != unread {
 				t.Errorf("placed(%v): place known from a reply without the put, want unknown", &resp)
 			}
 			return
@@ -121,7 +121,7 @@ func FuzzPlaced(f *testing.F) {
 		older := func(key string) {
 			for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 				if string(kv.Key) == key {
-					if !isLockKey(pfx, kv.Key) || kv.CreateRevision >= tk.rev {
+					if !IsMember(pfx, kv.Key) || kv.CreateRevision >= tk.rev {
 						t.Errorf("placed(%v): waits for %q at %d, want a key of the lock created before %d", &resp, kv.Key, kv.CreateRevision, tk.rev)
 					}
 					return
@@ -138,7 +138,7 @@ func FuzzPlaced(f *testing.F) {
 			kvs := resp.Responses[1].GetResponseRange().Kvs
 			members := 0
 			for _, kv := range kvs {
-				if string(kv.Key) != key && isLockKey(pfx, kv.Key) {
+				if string(kv.Key) != key && IsMember(pfx, kv.Key) {
 					members++
 				}
 			}

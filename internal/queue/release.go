@@ -1,0 +1,82 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// promote tells the key behind ours that we now hold, so that it learns its
+// new place (a semaphore's waiters watch their predecessor for this): it
+// puts our key again, fenced on its create revision.
+func (t *Ticket) promote(ctx context.Context) error {
+	resp, err := t.c.KV.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
+		Then(t.put()).
+		Commit()
+	switch {
+	case err != nil:
+		return err
+	case resp == nil:
+		return ErrMalformed
+	case !resp.Succeeded:
+		return ErrKeyGone
+	}
+	return nil
+}
+
+// Delete deletes our key, on ctx as it is, and reports whether it did.
+// A key known to be put is deleted fenced on its create revision (D6). Where
+// a put is unsure, one Txn writes the marker, which fails every put of the
+// ticket that etcd has yet to apply, and deletes the key by name: only this
+// ticket uses the key meanwhile (a Mutex's key is its process's turn). The
+// marker makes that Txn act once: a retry, or a copy of it applied late, can
+// never delete a later key of the same name. With nothing put, it does
+// nothing.
+func (t *Ticket) Delete(ctx context.Context) (bool, error) {
+	txn := t.c.KV.Txn(ctx)
+	switch t.state {
+	case keyAbsent:
+		return false, nil
+	case keyPut:
+		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).Then(clientv3.OpDelete(t.key))
+	default:
+		txn = txn.If(t.mayPut()).Then(clientv3.OpPut(t.marker, "", clientv3.WithLease(t.c.Lease.ID())), clientv3.OpDelete(t.key))
+	}
+	resp, err := txn.Commit()
+	switch {
+	case t.state == keyUnsure && errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// The lease is gone, and every key with it: no put of ours can
+		// succeed.
+		return false, nil
+	case err != nil:
+		return false, err
+	case resp == nil:
+		return false, ErrMalformed
+	case t.state == keyPut || !resp.Succeeded:
+		return resp.Succeeded, nil
+	}
+	if len(resp.Responses) != 2 || resp.Responses[1].GetResponseDeleteRange() == nil {
+		return false, ErrMalformed
+	}
+	return resp.Responses[1].GetResponseDeleteRange().Deleted > 0, nil
+}
+
+// graceContext returns a context that ends grace after ctx ends (or when
+// cancel is called), and carries ctx's values.
+func graceContext(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var timer atomic.Pointer[time.Timer]
+	stop := context.AfterFunc(ctx, func() { timer.Store(time.AfterFunc(grace, cancel)) })
+	return rctx, func() {
+		stop()
+		if t := timer.Load(); t != nil {
+			t.Stop()
+		}
+		cancel()
+	}
+}
