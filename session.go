@@ -176,16 +176,12 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	o := sessionOptions{ttl: DefaultTTL, ctx: context.Background()}
-	for _, opt := range opts {
-		if opt == nil {
-			o.invalid("nil SessionOption")
-			continue
-		}
-		opt.apply(&o)
-	}
+	o := options(opts)
 	if o.err != nil {
 		return nil, o.err
+	}
+	if o.ctx == nil {
+		o.ctx = context.Background()
 	}
 	if err := o.ctx.Err(); err != nil {
 		return nil, err
@@ -208,6 +204,20 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
 	}
 	return s, nil
+}
+
+// options applies opts to the defaults. The context is nil unless
+// WithContext set one.
+func options(opts []SessionOption) sessionOptions {
+	o := sessionOptions{ttl: DefaultTTL}
+	for _, opt := range opts {
+		if opt == nil {
+			o.invalid("nil SessionOption")
+			continue
+		}
+		opt.apply(&o)
+	}
+	return o
 }
 
 // keepAlive starts keeping the lease id alive and returns the Session that
