@@ -264,13 +264,15 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		s.bg.Go(s.probeKeepAlive)
 	}
 	if o.ctx.Done() != nil {
+		// The function may run before AfterFunc returns (o.ctx may end at
+		// any time), so it must not read stopRevoke, which is Close's.
 		s.stopRevoke = context.AfterFunc(o.ctx, func() {
 			s.cs.Orphan()
 			s.revokeErr = s.revoke(context.WithoutCancel(o.ctx))
 			close(s.revoked)
 			// Then as Close: wait for the background work, and deliver the
 			// events left to the observers. Close takes this revoke's result.
-			_ = s.Close()
+			s.end(func() error { return s.revokeErr })
 		})
 	}
 	return s, nil
@@ -309,22 +311,30 @@ func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id c
 //
 // After Close, every lock call on the Session returns ErrSessionExpired.
 func (s *Session) Close() error {
+	s.end(func() error {
+		if s.stopRevoke != nil && !s.stopRevoke() {
+			// The WithContext revoke has started: one revoke is enough.
+			<-s.revoked
+			return s.revokeErr
+		}
+		return s.revoke(context.Background())
+	})
+	return s.closeErr
+}
+
+// end ends the Session once, with revoke as the revoke of its lease: it
+// waits for the background work and the delivery of the events left to the
+// observers.
+func (s *Session) end(revoke func() error) {
 	s.closeOnce.Do(func() {
 		s.bgMu.Lock()
 		s.closing = true
 		s.bgMu.Unlock()
 		s.cs.Orphan()
-		if s.stopRevoke != nil && !s.stopRevoke() {
-			// The WithContext revoke has started: one revoke is enough.
-			<-s.revoked
-			s.closeErr = s.revokeErr
-		} else {
-			s.closeErr = s.revoke(context.Background())
-		}
+		s.closeErr = revoke()
 		s.bg.Wait()
 		s.events.close()
 	})
-	return s.closeErr
 }
 
 func (s *Session) revoke(ctx context.Context) error {
