@@ -303,11 +303,18 @@ func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id c
 // deletes the keys of every lock held or awaited with this Session) and
 // waits for the Session's background work to stop. It returns within 5 s
 // even when etcd is unreachable, plus the time its observers take over the
-// events still queued (Close delivers them, then SessionClosed); the lease then expires on its own within
-// the TTL. Close returns nil if the lease was already gone. It is safe to
-// call more than once; later calls return the first call's result. When the
-// WithContext context was cancelled first, that cancel has already revoked
-// the lease, and Close returns its result without asking etcd again.
+// events still queued (Close delivers them, then SessionClosed); the lease
+// then expires on its own within the TTL. Close returns nil if the lease
+// was already gone. It is safe to call more than once, from any goroutine;
+// later calls return the first call's result. When the WithContext context
+// was cancelled first, that cancel has already revoked the lease, and Close
+// returns its result without asking etcd again.
+//
+// An Observer may call Close from inside Observe (to shut the Session down
+// on a lost hold, say), also while another Close is under way. That call
+// returns within 5 s too: it does not wait for the delivery of the events
+// still queued, which goes on once Observe returns and ends with
+// SessionClosed.
 //
 // After Close, every lock call on the Session returns ErrSessionExpired.
 func (s *Session) Close() error {
@@ -322,9 +329,9 @@ func (s *Session) Close() error {
 	return s.closeErr
 }
 
-// end ends the Session once, with revoke as the revoke of its lease: it
-// waits for the background work and the delivery of the events left to the
-// observers.
+// end ends the Session once, with revoke as the revoke of its lease, and
+// waits for its background work; then it waits for the delivery of the
+// events left to the observers, unless an Observer called it.
 func (s *Session) end(revoke func() error) {
 	s.closeOnce.Do(func() {
 		s.bgMu.Lock()
@@ -333,8 +340,8 @@ func (s *Session) end(revoke func() error) {
 		s.cs.Orphan()
 		s.closeErr = revoke()
 		s.bg.Wait()
-		s.events.close()
 	})
+	s.events.close()
 }
 
 func (s *Session) revoke(ctx context.Context) error {
