@@ -29,7 +29,8 @@ var (
 	// ErrInvalidArgument is returned, wrapped with the detail, for a nil
 	// client, nil session, nil context, nil option, nil Observer or Logger,
 	// nil function (Do, Lead), a TTL or lease ID that is not positive, a negative hand-off
-	// count, or a Semaphore limit below 1. Nothing is written to etcd.
+	// count, a Semaphore limit below 1, or WithLease or WithContext given to
+	// Lead. Nothing is written to etcd.
 	ErrInvalidArgument = errors.New("etcdlock: invalid argument")
 
 	// ErrLockLost is returned by UnlockContext when the last hold ends but the

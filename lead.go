@@ -2,8 +2,8 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -22,10 +22,22 @@ import (
 //
 // f returning nil, or returning after its context was cancelled by a loss,
 // is not a failure: Lead releases the lock (if still held) and campaigns
-// again at once, on a new Session when the old lease is gone. Lead returns
-// ctx.Err() when ctx ends, or f's error when f fails for a reason other
-// than the loss of the lock; the Session it made is closed by then. The
-// options are those of NewSession (WithTTL, WithIdentity, ...).
+// again, on a new Session when the old lease is gone. It pauses before each
+// new campaign, so that an f that returns at once does not make Lead spin
+// against etcd: 50 ms, doubling to 1 s while terms keep ending within 1 s of
+// their campaign, and 50 ms again after a longer one.
+//
+// Lead returns ctx.Err() when ctx ends, or f's error when f fails for a
+// reason other than the loss of the lock. If f panics, Lead releases the
+// lock, closes its Session and panics again. The Session it made is closed
+// on every way out.
+//
+// The options are those of NewSession (WithTTL, WithIdentity, ...), except
+// two that Lead refuses with ErrInvalidArgument, before it runs f: WithLease,
+// since Lead makes a new Session on a new lease when the lease is gone and
+// a lease of the caller's is gone after one term; and WithContext, since
+// the end of that context would revoke the lease while f still runs (end
+// ctx instead: Lead waits for f).
 func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx context.Context) error, opts ...SessionOption) error {
 	switch {
 	case ctx == nil:
@@ -37,7 +49,16 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 	case name == "":
 		return ErrInvalidName
 	}
-	backoff := newBackoff()
+	switch o := options(opts); {
+	case o.err != nil:
+		return o.err
+	case o.lease != clientv3.NoLease:
+		return fmt.Errorf("%w: Lead does not take WithLease: it needs a new lease whenever the lease is gone, and a lease of the caller's is gone after one term", ErrInvalidArgument)
+	case o.ctx != nil:
+		return fmt.Errorf("%w: Lead does not take WithContext: the end of that context would revoke the lease while f still runs; end Lead's ctx instead", ErrInvalidArgument)
+	}
+	pace := newBackoff()  // between campaigns
+	retry := newBackoff() // after a Session that could not be made
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -45,45 +66,52 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 		// Not WithContext(ctx): its cancel would revoke the lease, and so
 		// release the lock, while f may still run.
 		s, err := newSession(ctx, client, opts...)
-		switch {
-		case errors.Is(err, ErrInvalidArgument):
-			return err
-		case err != nil:
-			if err := backoff.wait(ctx); err != nil {
+		if err != nil {
+			if err := retry.wait(ctx); err != nil {
 				return err
 			}
 			continue
 		}
-		err = leadOn(ctx, s, name, f)
-		_ = s.Close()
-		if err != nil {
+		retry.reset()
+		if err := leadOn(ctx, s, name, f, pace); err != nil {
 			return err
 		}
-		backoff.reset()
 	}
 }
 
 // leadOn campaigns and leads on s until s ends (it returns nil: campaign
-// again on a new Session), ctx ends, or f fails.
-func leadOn(ctx context.Context, s *Session, name string, f func(ctx context.Context) error) error {
+// again on a new Session), ctx ends, or f fails, pausing as pace says
+// between campaigns. It closes s on its way out, f's panic included.
+func leadOn(ctx context.Context, s *Session, name string, f func(ctx context.Context) error, pace *backoff) error {
+	defer func() { _ = s.Close() }()
 	m := NewMutex(s, name)
-	backoff := newBackoff()
+	retry := newBackoff()
 	for {
+		start := time.Now()
 		o := m.do(ctx, f)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case s.expired():
-			return nil
-		case !o.ran:
+		case !o.ran && !s.expired():
 			// etcd unreachable, or a malformed reply: campaign again soon.
-			if err := backoff.wait(ctx); err != nil {
+			if err := retry.wait(ctx); err != nil {
 				return err
 			}
 			continue
-		case o.err != nil && !o.lost:
+		case o.ran && o.err != nil && !o.lost && !s.expired():
 			return o.err
 		}
-		backoff.reset()
+		retry.reset()
+		// A term ended, or the Session did. A campaign and term longer than
+		// the longest pause are no spin: the next pause is the first.
+		if time.Since(start) > maxBackoff {
+			pace.reset()
+		}
+		if err := pace.wait(ctx); err != nil {
+			return err
+		}
+		if s.expired() {
+			return nil
+		}
 	}
 }

@@ -3,7 +3,10 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,4 +256,97 @@ func TestLeadFailover(t *testing.T) {
 	after, _ := log.leader("")
 	t.Logf("etcd member %d killed: %s led before, %s after", i, before, after)
 	cluster.Restart(i)
+}
+
+// TestLeadRefusesSessionOptions: Lead refuses WithLease (a lease of the
+// caller's is gone after one term) and WithContext (its end would revoke the
+// lease while f runs) with ErrInvalidArgument and a message that names the
+// option, before it runs f, writing nothing and leaving the lease alone.
+func TestLeadRefusesSessionOptions(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	grant, err := client.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errRan := errors.New("f ran")
+	for _, tc := range []struct {
+		option string
+		opt    etcdlock.SessionOption
+	}{
+		{"WithLease", etcdlock.WithLease(grant.ID)},
+		{"WithContext", etcdlock.WithContext(ctx)},
+	} {
+		ran := false
+		err := etcdlock.Lead(ctx, client, name, func(context.Context) error { ran = true; return errRan }, tc.opt)
+		if !errors.Is(err, etcdlock.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), tc.option) {
+			t.Errorf("Lead with %s: got %v, want ErrInvalidArgument naming %s", tc.option, err, tc.option)
+		}
+		if ran {
+			t.Errorf("Lead with %s: f ran, want refused before f", tc.option)
+		}
+		if keys := lockKeys(t, client, name); len(keys) != 0 {
+			t.Errorf("keys after Lead with %s: got %q, want none", tc.option, keys)
+		}
+		if !leaseAlive(t, client, grant.ID) {
+			t.Errorf("the caller's lease after Lead with %s: revoked, want alive", tc.option)
+		}
+	}
+}
+
+// TestLeadPanicClosesSession: f's panic reaches Lead's caller after Lead
+// has released the lock and closed its Session: its lease is revoked, and
+// no key is left under the name.
+func TestLeadPanicClosesSession(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	var lease clientv3.LeaseID
+	r := catchPanic(func() {
+		_ = etcdlock.Lead(ctx, client, name, func(fctx context.Context) error {
+			h, _ := etcdlock.HeldFrom(fctx)
+			lease = h.Lease
+			panic("f's panic")
+		})
+	})
+	if r != "f's panic" {
+		t.Fatalf("Lead with f panicking: recovered %v, want f's panic", r)
+	}
+	if lease == clientv3.NoLease {
+		t.Fatal("f ran without a hold: no lease to check")
+	}
+	if leaseAlive(t, client, lease) {
+		t.Errorf("Lead's lease %x after f panicked: alive, want revoked (the Session closed)", lease)
+	}
+	if keys := lockKeys(t, client, name); len(keys) != 0 {
+		t.Errorf("keys after f panicked: got %q, want none", keys)
+	}
+}
+
+// TestLeadPacesShortTerms: an f that returns at once does not make Lead
+// spin against etcd: Lead backs off between terms (50 ms, doubling to 1 s:
+// at most 5 terms in a second), so fewer than 20 terms start in one second.
+func TestLeadPacesShortTerms(t *testing.T) {
+	_, client := startServer(t)
+	name := lockName(t)
+	const bound = 20
+	var terms atomic.Int64
+	ctx, cancel := context.WithTimeout(testContext(t), time.Second)
+	defer cancel()
+	err := etcdlock.Lead(ctx, client, name, func(context.Context) error {
+		terms.Add(1)
+		return nil
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Lead until its ctx ran out: got %v, want context.DeadlineExceeded", err)
+	}
+	n := terms.Load()
+	t.Logf("%d terms in 1s", n)
+	if n == 0 || n >= bound {
+		t.Errorf("terms of an f that returns at once, in 1s: got %d, want 1 to %d", n, bound-1)
+	}
+	if keys := lockKeys(t, client, name); len(keys) != 0 {
+		t.Errorf("keys after Lead returned: got %q, want none", keys)
+	}
 }

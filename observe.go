@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/petermattis/goid"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -23,7 +24,10 @@ import (
 // dropped and counted, and an EventsDropped event says how many before the
 // next one. Delivery stops when the Session is closed (Close, or the end of
 // its WithContext context), after the events already queued; Close waits
-// for that.
+// for that, except when an Observer calls it: Observe may call Close (on a
+// lost hold, say), which then returns without waiting for the delivery
+// goroutine, that is for itself; the events still queued, and
+// SessionClosed, follow once Observe returns.
 type Observer interface {
 	Observe(Event)
 }
@@ -140,7 +144,9 @@ type dispatch struct {
 	lease     clientv3.LeaseID
 	events    chan Event
 	dropped   atomic.Int64
-	over      atomic.Bool // delivery has stopped: events are not queued
+	over      atomic.Bool  // delivery has stopped: events are not queued
+	gid       atomic.Int64 // the delivering goroutine's id, once it runs
+	stopOnce  sync.Once
 	stop      chan struct{}
 	done      sync.WaitGroup
 }
@@ -173,19 +179,26 @@ func (d *dispatch) emit(e Event) {
 	}
 }
 
-// close delivers what is queued, then SessionClosed, and stops.
+// close has delivery end after what is queued, then SessionClosed, and
+// waits for it, unless an Observer calls it: delivery then ends once the
+// Observer returns, and a later close waits for it. Safe to call more than
+// once.
 func (d *dispatch) close() {
 	if d == nil {
 		return
 	}
-	close(d.stop)
+	d.stopOnce.Do(func() { close(d.stop) })
+	if goid.Get() == d.gid.Load() {
+		return
+	}
 	d.done.Wait()
-	d.over.Store(true)
 }
 
 // deliver hands the queued events to the observers until stop is closed,
 // then delivers what is still queued, and SessionClosed.
 func (d *dispatch) deliver() {
+	d.gid.Store(goid.Get())
+	defer d.over.Store(true)
 	for {
 		select {
 		case e := <-d.events:

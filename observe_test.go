@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,5 +387,96 @@ func TestObserverWithContextEnd(t *testing.T) {
 	log.wait(t, "SessionClosed", func(e etcdlock.Event) bool { return e.Kind == etcdlock.SessionClosed && e.Lease == s.Lease() })
 	if err := s.Close(); err != nil {
 		t.Errorf("Close after the context ended: got %v, want nil (the revoke's result)", err)
+	}
+}
+
+// closingObserver shuts its Session down from inside Observe on the first
+// HoldLost, and reports what Close returned.
+type closingObserver struct {
+	s      atomic.Pointer[etcdlock.Session]
+	once   sync.Once
+	closed chan error
+	log    eventLog
+}
+
+func (o *closingObserver) Observe(e etcdlock.Event) {
+	o.log.Observe(e)
+	if e.Kind == etcdlock.HoldLost {
+		o.once.Do(func() { o.closed <- o.s.Load().Close() })
+	}
+}
+
+// TestObserverMayClose: Session.Close called from inside an Observer
+// returns within 5 s, whatever ended the hold, also while another Close (or
+// the end of the WithContext context) is under way; the Session is closed
+// after it, and delivery goes on after the Observer returns, to
+// SessionClosed.
+func TestObserverMayClose(t *testing.T) {
+	_, client := startServer(t)
+	const bound = 5 * time.Second
+	for _, tc := range []struct {
+		name  string
+		cause func(t *testing.T, s *etcdlock.Session, key string, cancel context.CancelFunc) <-chan error
+	}{
+		{"key deleted", func(t *testing.T, _ *etcdlock.Session, key string, _ context.CancelFunc) <-chan error {
+			if _, err := client.Delete(testContext(t), key); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}},
+		{"Close under way", func(_ *testing.T, s *etcdlock.Session, _ string, _ context.CancelFunc) <-chan error {
+			return result(s.Close)
+		}},
+		{"WithContext ended", func(_ *testing.T, _ *etcdlock.Session, _ string, cancel context.CancelFunc) <-chan error {
+			cancel()
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sctx, cancel := context.WithCancel(testContext(t))
+			defer cancel()
+			o := &closingObserver{closed: make(chan error, 1)}
+			// No Close by t.Cleanup: where Close deadlocks, it would hang the test.
+			s, err := etcdlock.NewSession(client, etcdlock.WithObserver(o), etcdlock.WithContext(sctx))
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.s.Store(s)
+			m := etcdlock.NewMutex(s, lockName(t))
+			if err := m.LockContext(testContext(t)); err != nil {
+				t.Fatal(err)
+			}
+			_ = m.Done() // watch the hold, so that its loss is reported
+			outer := tc.cause(t, s, m.Key(), cancel)
+
+			select {
+			case err := <-o.closed:
+				if err != nil {
+					t.Errorf("Close from inside the Observer: got %v, want nil", err)
+				}
+			case <-time.After(bound):
+				t.Fatalf("Close from inside the Observer: not returned within %v", bound)
+			}
+			if outer != nil {
+				select {
+				case err := <-outer:
+					if err != nil {
+						t.Errorf("the Close under way: got %v, want nil", err)
+					}
+				case <-time.After(bound):
+					t.Fatalf("the Close under way, with the Observer's: not returned within %v", bound)
+				}
+			}
+			if !isClosed(s.Done()) {
+				t.Error("Session's Done after Close: open, want closed")
+			}
+			if leaseAlive(t, client, s.Lease()) {
+				t.Errorf("lease %x after Close: alive, want revoked", s.Lease())
+			}
+			o.log.wait(t, "SessionClosed, after the Observer's Close", func(e etcdlock.Event) bool { return e.Kind == etcdlock.SessionClosed })
+			if err := s.Close(); err != nil {
+				t.Errorf("Close after the Observer's: got %v, want nil", err)
+			}
+		})
 	}
 }

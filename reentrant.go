@@ -432,21 +432,18 @@ func (st *rwState) retire() {
 	}
 }
 
-// current returns the process's current hold: the write hold, or else the
-// oldest read hold; nil if none.
-func (st *rwState) current() *rwHold {
+// mine returns the calling goroutine's hold: its write hold (its reads
+// while writing are part of it), or else its read hold; nil if it holds
+// nothing. Never another goroutine's: another reader's unlock does not end
+// this one's hold.
+func (st *rwState) mine() *rwHold {
+	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.write != nil {
+	if st.writer == gid {
 		return st.write
 	}
-	var oldest *rwHold
-	for _, r := range st.readers {
-		if oldest == nil || r.h.token() < oldest.h.token() {
-			oldest = r
-		}
-	}
-	return oldest
+	return st.readers[gid]
 }
 
 // holdCount returns the calling goroutine's holds: write holds and read

@@ -30,9 +30,13 @@ import (
 // goroutine, of this process or another, queues in etcd with a key of its
 // own.
 //
-// Token, IsOwner and Done describe this process's current hold: the write
-// hold if there is one, else the oldest read hold. Readers hold together, so
-// a read hold's token fences writes only against later writers.
+// Key, Token, IsOwner and Done describe the calling goroutine's hold: its
+// write hold (with the reads it took while writing), or else its read hold;
+// never another goroutine's, so a reader's Done does not close, and its
+// IsOwner guard does not fail, because another reader unlocked. A goroutine
+// that holds nothing gets "", 0, a guard that always fails and a closed
+// channel. Readers hold together, so a read hold's token fences writes only
+// against later writers.
 //
 // The zero RWMutex is not usable; make one with NewRWMutex. Its methods are
 // safe for use by many goroutines.
@@ -217,43 +221,55 @@ func (rw *RWMutex) HoldCount() int {
 	return 0
 }
 
-// Token returns the fencing token of this process's current hold (the
-// write hold, else the oldest read hold), whichever goroutine asks, and 0
-// when the process holds nothing. It is the create revision of the hold's
-// key.
+// Key returns the etcd key of the calling goroutine's hold (name/write/<id>
+// or name/read/<id>), and "" when the goroutine holds nothing.
+func (rw *RWMutex) Key() string {
+	if r := rw.mine(); r != nil {
+		return r.h.t.Key()
+	}
+	return ""
+}
+
+// Token returns the fencing token of the calling goroutine's hold (its
+// write hold, else its read hold), and 0 when the goroutine holds nothing,
+// whatever other goroutines of this process hold. It is the create revision
+// of the hold's key.
 func (rw *RWMutex) Token() int64 {
-	if r := rw.current(); r != nil {
+	if r := rw.mine(); r != nil {
 		return r.h.token()
 	}
 	return 0
 }
 
 // IsOwner returns a comparison for a clientv3 Txn that is true only while
-// this process's current hold lasts (see Token); always false when nothing
-// is held.
+// the calling goroutine's hold (see Token) lasts: another reader's unlock
+// does not make it fail. When the goroutine holds nothing it returns a
+// comparison that is always false.
 func (rw *RWMutex) IsOwner() clientv3.Cmp {
-	if r := rw.current(); r != nil {
+	if r := rw.mine(); r != nil {
 		return ownerCmp(r.h.t.Key(), r.h.token())
 	}
 	return ownerCmp("", 0)
 }
 
-// Done returns a channel that is closed when this process's current hold
-// (see Token) ends or is lost, as Mutex.Done does; already closed when
-// nothing is held.
+// Done returns a channel that is closed when the calling goroutine's hold
+// (see Token) ends or is lost, as Mutex.Done does for its hold; another
+// reader's unlock does not close it. It is already closed when the
+// goroutine holds nothing.
 func (rw *RWMutex) Done() <-chan struct{} {
-	if r := rw.current(); r != nil {
+	if r := rw.mine(); r != nil {
 		return r.h.lost()
 	}
 	return closed
 }
 
-func (rw *RWMutex) current() *rwHold {
+// mine returns the calling goroutine's hold, nil if none.
+func (rw *RWMutex) mine() *rwHold {
 	if rw == nil || rw.s == nil {
 		return nil
 	}
 	if st := rw.state(false); st != nil {
-		return st.current()
+		return st.mine()
 	}
 	return nil
 }

@@ -446,3 +446,151 @@ func TestRWMutexNoHerd(t *testing.T) {
 
 // ownWait is longer than a wait runs before it also watches its own key.
 const ownWait = 300 * time.Millisecond
+
+// onGoroutine returns a function that runs f on a goroutine of its own, the
+// same one for every call, and waits for it: RWMutex holds and views belong
+// to goroutines. The goroutine ends with the test.
+func onGoroutine(t *testing.T) func(f func()) {
+	ops := make(chan func())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for f := range ops {
+			f()
+		}
+	}()
+	t.Cleanup(func() { close(ops); <-stopped })
+	return func(f func()) {
+		ran := make(chan struct{})
+		ops <- func() { defer close(ran); f() }
+		<-ran
+	}
+}
+
+// An rwView is what an RWMutex tells a goroutine of its hold.
+type rwView struct {
+	key   string
+	token int64
+	owner clientv3.Cmp
+	done  <-chan struct{}
+}
+
+func viewOf(rw *etcdlock.RWMutex) rwView {
+	return rwView{key: rw.Key(), token: rw.Token(), owner: rw.IsOwner(), done: rw.Done()}
+}
+
+// checkHeldView checks that v describes the hold of the key want, as etcd
+// sees it: the key, its create revision as the token, an IsOwner guard that
+// passes, and an open Done.
+func checkHeldView(t *testing.T, client *clientv3.Client, who string, v rwView, want string) {
+	t.Helper()
+	ctx := testContext(t)
+	resp, err := client.Get(ctx, want)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("%s's key %q in etcd: got %v, %v, want the key", who, want, resp, err)
+	}
+	if v.key != want {
+		t.Errorf("%s's Key: got %q, want %q", who, v.key, want)
+	}
+	if rev := resp.Kvs[0].CreateRevision; v.token != rev {
+		t.Errorf("%s's Token: got %d, want %d (its key's create revision)", who, v.token, rev)
+	}
+	if isClosed(v.done) {
+		t.Errorf("%s's Done: closed, want open while it holds", who)
+	}
+	if tr, err := client.Txn(ctx).If(v.owner).Commit(); err != nil || !tr.Succeeded {
+		t.Errorf("%s's IsOwner Txn: got %v, %v, want success while it holds", who, tr, err)
+	}
+}
+
+// checkEmptyView checks the answers of an RWMutex to a goroutine that holds
+// nothing: no key, token 0, a closed Done and an IsOwner guard that fails.
+func checkEmptyView(t *testing.T, client *clientv3.Client, who string, v rwView) {
+	t.Helper()
+	if v.key != "" || v.token != 0 {
+		t.Errorf("%s, holding nothing: Key %q, Token %d, want \"\" and 0", who, v.key, v.token)
+	}
+	if !isClosed(v.done) {
+		t.Errorf("%s, holding nothing: Done open, want closed", who)
+	}
+	if tr, err := client.Txn(testContext(t)).If(v.owner).Commit(); err != nil || tr.Succeeded {
+		t.Errorf("%s, holding nothing: IsOwner Txn got %v, %v, want failure", who, tr, err)
+	}
+}
+
+// TestRWMutexViewsPerGoroutine: Key, Token, IsOwner and Done of an RWMutex
+// describe the calling goroutine's hold, never another reader's: when reader
+// A unlocks, reader B's Done stays open and its IsOwner guard still passes.
+// A goroutine that holds nothing gets the zero answers; a writer sees its
+// write hold, through its nested reads too.
+func TestRWMutexViewsPerGoroutine(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	rw := etcdlock.NewRWMutex(newSession(t, client), name)
+	onA, onB, onW := onGoroutine(t), onGoroutine(t), onGoroutine(t)
+
+	var errA, errB error
+	onA(func() { errA = rw.RLockContext(ctx) })
+	onB(func() { errB = rw.RLockContext(ctx) })
+	if errA != nil || errB != nil {
+		t.Fatalf("RLockContext of A and B: got %v, %v, want nil", errA, errB)
+	}
+	keys := lockKeys(t, client, name) // oldest first: A's, then B's
+	if len(keys) != 2 {
+		t.Fatalf("keys of two readers: got %q, want 2", keys)
+	}
+	var a, b rwView
+	onA(func() { a = viewOf(rw) })
+	onB(func() { b = viewOf(rw) })
+	checkHeldView(t, client, "reader A", a, keys[0])
+	checkHeldView(t, client, "reader B", b, keys[1])
+	checkEmptyView(t, client, "a goroutine of the same process", viewOf(rw))
+
+	onA(func() { errA = rw.RUnlockContext(ctx) })
+	if errA != nil {
+		t.Fatalf("A's RUnlockContext: %v", errA)
+	}
+	if !isClosed(a.done) {
+		t.Error("A's Done after A's unlock: open, want closed")
+	}
+	checkHeldView(t, client, "reader B, after A's unlock (its view from before)", b, keys[1])
+	onB(func() { b = viewOf(rw) })
+	checkHeldView(t, client, "reader B, after A's unlock", b, keys[1])
+	onA(func() { a = viewOf(rw) })
+	checkEmptyView(t, client, "reader A, after its unlock", a)
+	onB(func() { errB = rw.RUnlockContext(ctx) })
+	if errB != nil {
+		t.Fatalf("B's RUnlockContext: %v", errB)
+	}
+
+	var errW error
+	var w, nested rwView
+	onW(func() {
+		if errW = rw.LockContext(ctx); errW == nil {
+			w = viewOf(rw)
+			rw.RLock()
+			nested = viewOf(rw)
+		}
+	})
+	if errW != nil {
+		t.Fatalf("writer's LockContext: %v", errW)
+	}
+	keys = lockKeys(t, client, name)
+	if len(keys) != 1 || !strings.Contains(keys[0], "/write/") {
+		t.Fatalf("keys of the writer: got %q, want one write key", keys)
+	}
+	checkHeldView(t, client, "the writer", w, keys[0])
+	checkHeldView(t, client, "the writer, reading too", nested, keys[0])
+	checkEmptyView(t, client, "a goroutine of the same process, while another writes", viewOf(rw))
+	onW(func() {
+		rw.RUnlock()
+		errW = rw.UnlockContext(ctx)
+	})
+	if errW != nil {
+		t.Fatalf("writer's UnlockContext: %v", errW)
+	}
+	if !isClosed(w.done) {
+		t.Error("the writer's Done after its unlock: open, want closed")
+	}
+}

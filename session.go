@@ -178,16 +178,12 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	o := sessionOptions{ttl: DefaultTTL, ctx: context.Background()}
-	for _, opt := range opts {
-		if opt == nil {
-			o.invalid("nil SessionOption")
-			continue
-		}
-		opt.apply(&o)
-	}
+	o := options(opts)
 	if o.err != nil {
 		return nil, o.err
+	}
+	if o.ctx == nil {
+		o.ctx = context.Background()
 	}
 	if err := o.ctx.Err(); err != nil {
 		return nil, err
@@ -210,6 +206,20 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
 	}
 	return s, nil
+}
+
+// options applies opts to the defaults. The context is nil unless
+// WithContext set one.
+func options(opts []SessionOption) sessionOptions {
+	o := sessionOptions{ttl: DefaultTTL}
+	for _, opt := range opts {
+		if opt == nil {
+			o.invalid("nil SessionOption")
+			continue
+		}
+		opt.apply(&o)
+	}
+	return o
 }
 
 // keepAlive starts keeping the lease id alive and returns the Session that
@@ -257,13 +267,15 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		s.bg.Go(s.probeKeepAlive)
 	}
 	if o.ctx.Done() != nil {
+		// The function may run before AfterFunc returns (o.ctx may end at
+		// any time), so it must not read stopRevoke, which is Close's.
 		s.stopRevoke = context.AfterFunc(o.ctx, func() {
 			s.cs.Orphan()
 			s.revokeErr = s.revoke(context.WithoutCancel(o.ctx))
 			close(s.revoked)
 			// Then as Close: wait for the background work, and deliver the
 			// events left to the observers. Close takes this revoke's result.
-			_ = s.Close()
+			s.end(func() error { return s.revokeErr })
 		})
 	}
 	return s, nil
@@ -294,30 +306,45 @@ func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id c
 // deletes the keys of every lock held or awaited with this Session) and
 // waits for the Session's background work to stop. It returns within 5 s
 // even when etcd is unreachable, plus the time its observers take over the
-// events still queued (Close delivers them, then SessionClosed); the lease then expires on its own within
-// the TTL. Close returns nil if the lease was already gone. It is safe to
-// call more than once; later calls return the first call's result. When the
-// WithContext context was cancelled first, that cancel has already revoked
-// the lease, and Close returns its result without asking etcd again.
+// events still queued (Close delivers them, then SessionClosed); the lease
+// then expires on its own within the TTL. Close returns nil if the lease
+// was already gone. It is safe to call more than once, from any goroutine;
+// later calls return the first call's result. When the WithContext context
+// was cancelled first, that cancel has already revoked the lease, and Close
+// returns its result without asking etcd again.
+//
+// An Observer may call Close from inside Observe (to shut the Session down
+// on a lost hold, say), also while another Close is under way. That call
+// returns within 5 s too: it does not wait for the delivery of the events
+// still queued, which goes on once Observe returns and ends with
+// SessionClosed.
 //
 // After Close, every lock call on the Session returns ErrSessionExpired.
 func (s *Session) Close() error {
+	s.end(func() error {
+		if s.stopRevoke != nil && !s.stopRevoke() {
+			// The WithContext revoke has started: one revoke is enough.
+			<-s.revoked
+			return s.revokeErr
+		}
+		return s.revoke(context.Background())
+	})
+	return s.closeErr
+}
+
+// end ends the Session once, with revoke as the revoke of its lease, and
+// waits for its background work; then it waits for the delivery of the
+// events left to the observers, unless an Observer called it.
+func (s *Session) end(revoke func() error) {
 	s.closeOnce.Do(func() {
 		s.bgMu.Lock()
 		s.closing = true
 		s.bgMu.Unlock()
 		s.cs.Orphan()
-		if s.stopRevoke != nil && !s.stopRevoke() {
-			// The WithContext revoke has started: one revoke is enough.
-			<-s.revoked
-			s.closeErr = s.revokeErr
-		} else {
-			s.closeErr = s.revoke(context.Background())
-		}
+		s.closeErr = revoke()
 		s.bg.Wait()
-		s.events.close()
 	})
-	return s.closeErr
+	s.events.close()
 }
 
 func (s *Session) revoke(ctx context.Context) error {

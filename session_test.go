@@ -208,3 +208,36 @@ func TestSessionRevokedElsewhere(t *testing.T) {
 		t.Errorf("LockContext = %v, want ErrSessionExpired", err)
 	}
 }
+
+// TestSessionWithContextEndsDuringNewSession: a WithContext context that
+// ends while NewSession runs, or just after, on a goroutine that nothing
+// orders with NewSession's (a timer's), ends the Session as Close does,
+// without a data race (run with -race): the Session that NewSession
+// returned delivers SessionClosed, and Close returns the revoke's result.
+func TestSessionWithContextEndsDuringNewSession(t *testing.T) {
+	_, client := startServer(t)
+	start := time.Now()
+	_ = newSession(t, client)
+	setup := time.Since(start)
+	made := 0
+	for i := range 50 {
+		// From at once to twice a NewSession's time.
+		sctx, cancel := context.WithTimeout(testContext(t), setup*time.Duration(i)/25)
+		log := &eventLog{}
+		s, err := etcdlock.NewSession(client, etcdlock.WithContext(sctx), etcdlock.WithObserver(log))
+		if err != nil {
+			cancel()
+			continue
+		}
+		made++
+		log.wait(t, "SessionClosed", func(e etcdlock.Event) bool { return e.Kind == etcdlock.SessionClosed })
+		if err := s.Close(); err != nil {
+			t.Errorf("Close after the context ended: got %v, want nil", err)
+		}
+		cancel()
+	}
+	t.Logf("%d of 50 Sessions made before their context ended (NewSession took %v)", made, setup)
+	if made == 0 {
+		t.Fatal("no NewSession returned a Session before its context ended: nothing tested")
+	}
+}
