@@ -45,6 +45,11 @@ func (t *ticket) newHold() *hold {
 // and token but gives the next goroutine a loss signal of its own.
 func (h *hold) again() *hold { return h.t.newHold() }
 
+// snapshot returns the hold as a Held of the lock name.
+func (h *hold) snapshot(name string) Held {
+	return Held{Name: name, Key: h.t.Key(), Token: h.token(), Lease: h.t.s.Lease(), h: h}
+}
+
 // token returns the hold's fencing token.
 func (h *hold) token() int64 { return h.t.Rev() }
 

@@ -203,6 +203,20 @@ func (m *Mutex) HoldCount() int {
 	return 0
 }
 
+// Held returns the calling goroutine's hold as one snapshot (name, key,
+// token, lease, loss signal), read at one moment, so that it cannot
+// straddle a hand-off as four calls to Key, Token, IsOwner and Done can; and
+// false when the goroutine holds nothing. A goroutine that holds through a
+// Do scope gets its hold from HeldFrom(ctx).
+func (m *Mutex) Held() (Held, bool) {
+	if st := m.lookup(); st != nil {
+		if h := st.mine(); h != nil {
+			return h.snapshot(m.name), true
+		}
+	}
+	return Held{}, false
+}
+
 // Key returns this process's etcd key for the lock while the process holds
 // it, whichever goroutine asks, and "" otherwise.
 func (m *Mutex) Key() string {

@@ -293,6 +293,18 @@ func (st *lockState) holdCount() int {
 	return st.ownHolds()
 }
 
+// mine returns the calling goroutine's hold, nil if it holds none (a
+// goroutine that holds through a Do scope asks HeldFrom).
+func (st *lockState) mine() *hold {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.owner != gid {
+		return nil
+	}
+	return st.hold
+}
+
 // current returns the process's current hold, nil if none.
 func (st *lockState) current() *hold {
 	st.mu.Lock()

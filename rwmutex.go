@@ -230,6 +230,16 @@ func (rw *RWMutex) Key() string {
 	return ""
 }
 
+// Held returns the calling goroutine's hold (its write hold, else its read
+// hold) as one snapshot, read at one moment, and false when it holds
+// nothing.
+func (rw *RWMutex) Held() (Held, bool) {
+	if r := rw.mine(); r != nil {
+		return r.h.snapshot(rw.name), true
+	}
+	return Held{}, false
+}
+
 // Token returns the fencing token of the calling goroutine's hold (its
 // write hold, else its read hold), and 0 when the goroutine holds nothing,
 // whatever other goroutines of this process hold. It is the create revision
