@@ -9,9 +9,9 @@ import (
 // Queued returns how many goroutines of this process wait for their turn on
 // the lock name of s.
 func Queued(s *Session, name string) int {
-	s.mu.Lock()
-	st := s.locks[name]
-	s.mu.Unlock()
+	s.local.mu.Lock()
+	st := s.local.locks[name]
+	s.local.mu.Unlock()
 	if st == nil {
 		return 0
 	}

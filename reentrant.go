@@ -9,6 +9,16 @@ import (
 	"github.com/petermattis/goid"
 )
 
+// tables are the records of what this process holds or awaits on one
+// Session, one per lock name: a Session has one, and only this file reads or
+// writes it. The records themselves are guarded by their own mutexes, which
+// may be taken under tables.mu, never the other way round.
+type tables struct {
+	mu      sync.Mutex
+	locks   map[string]*lockState // one record per Mutex name, shared by all handles
+	rwlocks map[string]*rwState   // one record per RWMutex name
+}
+
 // lockState is what this process knows of one Mutex name on one Session. All
 // Mutex handles of that name and Session share it, so that they are one lock:
 // one holder goroutine with a hold count, and a FIFO queue of the local
@@ -16,7 +26,7 @@ import (
 // takes part in etcd's queue, so N goroutines cost etcd one key, not N.
 //
 // This file is the only one that reads or writes a lockState's fields. A
-// record lives in Session.locks while anything uses it; once idle it is
+// record lives in the Session's tables while anything uses it; once idle it is
 // retired and removed, and handles that still point to it fetch a new one.
 type lockState struct {
 	s    *Session
@@ -112,13 +122,17 @@ func (m *Mutex) state(create bool) *lockState {
 	if st := m.st.Load(); st != nil && !st.retired.Load() {
 		return st
 	}
-	m.s.mu.Lock()
-	st := m.s.locks[m.name]
+	tb := &m.s.local
+	tb.mu.Lock()
+	st := tb.locks[m.name]
 	if st == nil && create {
 		st = &lockState{s: m.s, name: m.name}
-		m.s.locks[m.name] = st
+		if tb.locks == nil {
+			tb.locks = make(map[string]*lockState)
+		}
+		tb.locks[m.name] = st
 	}
-	m.s.mu.Unlock()
+	tb.mu.Unlock()
 	if st != nil {
 		m.st.Store(st)
 	}
@@ -270,14 +284,14 @@ func (st *lockState) passTurn() {
 	st.busy = false
 	st.mu.Unlock()
 
-	s := st.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	tb := &st.s.local
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if !st.busy && len(st.queue) == 0 && s.locks[st.name] == st {
+	if !st.busy && len(st.queue) == 0 && tb.locks[st.name] == st {
 		st.retired.Store(true)
-		delete(s.locks, st.name)
+		delete(tb.locks, st.name)
 	}
 }
 
@@ -338,13 +352,16 @@ type rwHold struct {
 // state returns the live record of the handle's lock, creating it if create
 // is set; nil if there is none: nothing in this process holds the lock.
 func (rw *RWMutex) state(create bool) *rwState {
-	s := rw.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.rwlocks[rw.name]
+	tb := &rw.s.local
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	st := tb.rwlocks[rw.name]
 	if st == nil && create {
-		st = &rwState{s: s, name: rw.name, readers: make(map[int64]*rwHold)}
-		s.rwlocks[rw.name] = st
+		st = &rwState{s: rw.s, name: rw.name, readers: make(map[int64]*rwHold)}
+		if tb.rwlocks == nil {
+			tb.rwlocks = make(map[string]*rwState)
+		}
+		tb.rwlocks[rw.name] = st
 	}
 	return st
 }
@@ -433,14 +450,14 @@ func (st *rwState) leave(write bool) (departure, *rwHold) {
 
 // retire removes the record from the Session if nothing holds it.
 func (st *rwState) retire() {
-	s := st.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	tb := &st.s.local
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.writer == 0 && len(st.readers) == 0 && s.rwlocks[st.name] == st {
+	if st.writer == 0 && len(st.readers) == 0 && tb.rwlocks[st.name] == st {
 		st.retired = true
-		delete(s.rwlocks, st.name)
+		delete(tb.rwlocks, st.name)
 	}
 }
 

@@ -43,12 +43,10 @@ type Session struct {
 	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
 	lastAck atomic.Int64
 
-	mu      sync.Mutex
-	locks   map[string]*lockState // one record per Mutex name, shared by all handles
-	rwlocks map[string]*rwState   // one record per RWMutex name
-	seq     atomic.Int64          // makes the keys of RWMutex and Semaphore holds unique
+	local tables       // who holds what in this process (reentrant.go)
+	seq   atomic.Int64 // makes the keys of RWMutex and Semaphore holds unique
 	// bgMu guards closing and bg.Go, and nothing else: goBackground is
-	// called with a hold's mutex held, which may be taken under s.mu.
+	// called with a hold's mutex held, which may be taken under the tables' mutex.
 	bgMu    sync.Mutex
 	closing bool           // no new background work once set
 	bg      sync.WaitGroup // background goroutines: keep-alive reader, cleanups, hold monitors
@@ -249,8 +247,6 @@ func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessio
 		ctx:         o.ctx,
 		identity:    o.identity,
 		events:      newDispatch(o.observers, id),
-		locks:       make(map[string]*lockState),
-		rwlocks:     make(map[string]*rwState),
 		revoked:     make(chan struct{}),
 	}
 	s.conn = &queue.Conn{KV: client, Watcher: client, Lease: sessionLease{s}, TTL: s.ttl}
