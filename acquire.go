@@ -236,10 +236,3 @@ func ownerCmp(key string, rev int64) clientv3.Cmp {
 	}
 	return clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
 }
-
-// sessionLease is the Session's lease as the queue needs it.
-type sessionLease struct{ s *Session }
-
-func (l sessionLease) ID() clientv3.LeaseID { return l.s.Lease() }
-func (l sessionLease) Expired() bool        { return l.s.expired() }
-func (l sessionLease) Gone()                { l.s.leaseGone() }

@@ -473,3 +473,10 @@ func (s *Session) goBackground(f func()) bool {
 	s.bg.Go(f)
 	return true
 }
+
+// sessionLease is the Session's lease as the queue needs it.
+type sessionLease struct{ s *Session }
+
+func (l sessionLease) ID() clientv3.LeaseID { return l.s.Lease() }
+func (l sessionLease) Expired() bool        { return l.s.expired() }
+func (l sessionLease) Gone()                { l.s.leaseGone() }
