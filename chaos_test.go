@@ -31,12 +31,15 @@ import (
 // counts only if it is at least 20/s, and is skipped otherwise.
 //
 // Faults: the leader is stopped (or killed) and restarted every few
-// seconds; a holder is cut off from etcd while it sleeps inside its
-// critical section, after checking Done, and then writes (a process paused
-// at the worst moment); and lock calls are cancelled at random. The cut
-// lasts at least TTL + 1.5 s, and then until the holder's key is gone and
-// a newer holder has read the store: a new leader renews every lease for a
-// full TTL, so an election during the cut can keep the hold alive longer.
+// seconds; a follower lags (its peers' messages to it are held) for
+// 0.5–2 s and then catches up, while it keeps serving the clients that use
+// it from its old state; a holder is cut off from etcd while it sleeps
+// inside its critical section, after checking Done, and then writes (a
+// process paused at the worst moment); and lock calls are cancelled at
+// random. The cut lasts at least TTL + 1.5 s, and then until the holder's
+// key is gone and a newer holder has read the store: a new leader renews
+// every lease for a full TTL, so an election during the cut can keep the
+// hold alive longer. A lag keeps the leader, and may come during a cut.
 //
 // Mutual exclusion is checked in etcd, not taken from the library's own
 // reports: inside each hold, while its key is there, the key must be the
@@ -68,6 +71,7 @@ type chaosConfig struct {
 	faults         time.Duration
 	leaderEvery    time.Duration // 0: no leader faults
 	leaderDown     time.Duration
+	lagEvery       time.Duration // 0: no member lags
 	partitionEvery time.Duration
 	fencing        bool
 }
@@ -87,6 +91,7 @@ func testChaos(t *testing.T, kind string) {
 		faults:         faultsFor(t, "ETCDLOCK_CHAOS_LONG", 8*time.Second),
 		leaderEvery:    3 * time.Second,
 		leaderDown:     time.Second,
+		lagEvery:       3 * time.Second,
 		partitionEvery: 6 * time.Second,
 		fencing:        true,
 	}
@@ -166,6 +171,7 @@ type chaosResult struct {
 	notOldest       int64 // holds whose key, read inside the hold, was not the oldest of the lock
 
 	leaderFaults int
+	lagFaults    int
 	partitions   []chaosPartition
 	recovery     map[string][]time.Duration // fault kind → time to the next acquisition
 	keysLeft     int
@@ -425,6 +431,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	frng := rand.New(rand.NewPCG(seed, 1<<32))
 	began := time.Now()
 	nextLeader, nextPartition := began.Add(cfg.leaderEvery/2), began.Add(cfg.partitionEvery/3)
+	nextLag := began.Add(cfg.lagEvery * 2 / 3)
 	for time.Since(began) < cfg.faults {
 		now := time.Now()
 		partitioned := r.freezing.Load() || r.freezeReq.Load()
@@ -451,6 +458,17 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 				}
 			}
 			nextLeader = time.Now().Add(cfg.leaderEvery)
+		case cfg.lagEvery > 0 && now.After(nextLag):
+			if lead := c.Leader(); lead >= 0 {
+				i := (lead + 1 + frng.IntN(c.Members()-1)) % c.Members()
+				at := time.Now()
+				c.Lag(i)
+				r.counts.lagFaults++
+				time.Sleep(500*time.Millisecond + time.Duration(frng.Int64N(int64(1500*time.Millisecond))))
+				c.CatchUp(i)
+				r.fault("member lag", at, time.Now())
+			}
+			nextLag = time.Now().Add(cfg.lagEvery)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -1025,6 +1043,9 @@ func (res *chaosResult) check(t *testing.T, cfg chaosConfig) {
 	if cfg.leaderEvery > 0 && res.leaderFaults == 0 {
 		t.Error("leader faults: got 0, want ≥ 1")
 	}
+	if cfg.lagEvery > 0 && res.lagFaults == 0 {
+		t.Error("member lags: got 0, want ≥ 1")
+	}
 	for kind, ds := range res.recovery {
 		if m := slices.Max(ds); m > testTimeout {
 			t.Errorf("%s: next acquisition after %v, want ≤ %v", kind, m, testTimeout)
@@ -1072,7 +1093,7 @@ func (res *chaosResult) log(t *testing.T) {
 	row("etcd writes retried, unanswered", res.retriedEtcd)
 	row("lock calls cancelled / TryLockFor ran out / errors", fmt.Sprintf("%d / %d / %d", res.cancels, res.tryFalse, res.lockErrors))
 	row("sessions made", res.sessions)
-	row("leader faults / partitions", fmt.Sprintf("%d / %d", res.leaderFaults, len(res.partitions)))
+	row("leader faults / member lags / partitions", fmt.Sprintf("%d / %d / %d", res.leaderFaults, res.lagFaults, len(res.partitions)))
 	kinds := make([]string, 0, len(res.recovery))
 	for k := range res.recovery {
 		kinds = append(kinds, k)

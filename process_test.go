@@ -41,9 +41,11 @@ import (
 // before a write: the holder stops there and the test freezes it), cuts a
 // holder off from etcd for as long, just before a write (its proxy stops
 // forwarding, the write waits in it, TCP connections stay open, as in a
-// partition), and stops or kills the leader. One fault at a time: a new
-// leader renews every lease for a full TTL, which would let a cut-off
-// holder keep its hold.
+// partition), stops or kills the leader, and has a follower lag for
+// 0.5–2 s (its peers' messages to it are held while it serves clients from
+// its old state) before it catches up. One fault at a time: a new leader
+// renews every lease for a full TTL, which would let a cut-off holder keep
+// its hold.
 //
 // Checks: the history of every holder is linearizable for the fenced
 // register model; every acknowledged write survives; no two holds that both
@@ -357,7 +359,7 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	})
 
 	rng := rand.New(rand.NewPCG(seed, 1<<32))
-	rotation := []string{"partition", "freeze at write", "holder kill", "leader kill", "freeze", "holder kill at write", "leader stop"}
+	rotation := []string{"partition", "member lag", "freeze at write", "holder kill", "leader kill", "freeze", "holder kill at write", "leader stop"}
 	var faults []*processFault
 	began := time.Now()
 	for i := 0; time.Since(began) < cfg.faults; i++ {
@@ -744,6 +746,17 @@ func (r *processRun) inject(kind string, rng *rand.Rand) *processFault {
 		if c.Leader() < 0 {
 			t.Fatal("no leader after a restart")
 		}
+	case "member lag":
+		lead := c.Leader()
+		if lead < 0 {
+			t.Fatal("no leader")
+		}
+		i := (lead + 1 + rng.IntN(c.Members()-1)) % c.Members()
+		f.at = time.Now()
+		c.Lag(i)
+		time.Sleep(500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond))))
+		c.CatchUp(i)
+		f.end = time.Now()
 	case "holder kill", "holder kill at write":
 		if kind == "holder kill" {
 			f.proc, f.token = r.target(rng) // at whatever it is doing

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,7 +38,8 @@ func init() {
 // A Cluster is an etcd cluster of several members running in the test's
 // process, each with its data in a tb.TempDir(), configured like a Server.
 // Members are numbered from 0 and keep their URLs and data across Stop,
-// Kill and Restart.
+// Kill and Restart. The members reach each other through a TCP proxy in
+// front of each one's peer listener, which Lag uses to hold their messages.
 //
 // Methods that stop or start members report failures through the tb given to
 // StartCluster, so call them from that test's goroutine. A Cluster is
@@ -49,9 +51,11 @@ type Cluster struct {
 	certs *certs
 	owned owned
 	once  sync.Once
+	lag   *lagState
 
 	mu      sync.Mutex
 	members []*member
+	proxies []*peerProxy // in front of the members' peer listeners, in member order
 	closed  bool
 }
 
@@ -69,7 +73,7 @@ func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 	if n < 1 {
 		panic(fmt.Sprintf("etcdtest: StartCluster with %d members", n))
 	}
-	c := &Cluster{tb: tb, o: buildOptions(opts)}
+	c := &Cluster{tb: tb, o: buildOptions(opts), lag: newLagState(n)}
 	scheme := "http"
 	if c.o.tls {
 		crt, err := newCerts(tb.TempDir(), c.o.clientCertAuth)
@@ -101,9 +105,13 @@ func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
 	token := rand.Text()
 	members := make([]*member, 0, n)
+	proxies := make([]*peerProxy, 0, n)
 	abort := func() {
 		for _, m := range members {
 			m.stop(crash, releasePorts)
+		}
+		for _, p := range proxies {
+			p.close()
 		}
 	}
 	for i := range n {
@@ -113,14 +121,22 @@ func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
 			return err
 		}
 		ports := hold.ports()
-		members = append(members, &member{
+		m := &member{
 			name:      fmt.Sprintf("m%d", i),
 			dir:       tb.TempDir(),
 			clientURL: localURL(scheme, ports[0]),
-			peerURL:   localURL("http", ports[1]),
+			listenURL: localURL("http", ports[1]),
 			token:     token,
 			hold:      hold,
-		})
+		}
+		members = append(members, m)
+		p, err := newPeerProxy(i, m.listenURL.Host, c.lag)
+		if err != nil {
+			abort()
+			return fmt.Errorf("etcdtest: peer proxy of member %s: %w", m.name, err)
+		}
+		proxies = append(proxies, p)
+		m.peerURL = url.URL{Scheme: "http", Host: p.addr()}
 	}
 	peers := make([]string, n)
 	for i, m := range members {
@@ -133,7 +149,12 @@ func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
 			return err
 		}
 	}
-	c.members = members
+	ids := make([]string, n)
+	for i, m := range members {
+		ids[i] = m.e.Server.MemberID().String()
+	}
+	c.lag.setIDs(ids)
+	c.members, c.proxies = members, proxies
 	return nil
 }
 
@@ -180,7 +201,8 @@ func (c *Cluster) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
 // Leader returns the index of the leader, or -1 if there is none. It waits up
 // to 5 s for the running members to agree on a running leader, as they do
 // shortly after an election, and returns -1 at once when fewer than a quorum
-// of members run. The answer may be stale as soon as it is returned.
+// of members run. Members that lag (Lag) are not asked: they cannot hear the
+// leader. The answer may be stale as soon as it is returned.
 func (c *Cluster) Leader() int {
 	deadline := time.Now().Add(leaderWait)
 	for {
@@ -201,8 +223,8 @@ func (c *Cluster) leaderLocked() (i int, final bool) {
 		return -1, true
 	}
 	var lead types.ID
-	for _, m := range c.members {
-		if m.e == nil {
+	for i, m := range c.members {
+		if m.e == nil || c.lag.lags(i) {
 			continue
 		}
 		l := m.e.Server.Leader()
@@ -275,7 +297,7 @@ func (c *Cluster) Kill(i int) {
 // so it returns as soon as the member has started. It calls tb.Fatal if the
 // member fails to start (as when another socket took one of its ports) or
 // the running members are not ready within 30 s. Restart panics if i is out
-// of range, if member i runs, or after Close.
+// of range, if member i runs or lags (see Lag), or after Close.
 func (c *Cluster) Restart(i int) {
 	c.tb.Helper()
 	c.mu.Lock()
@@ -286,6 +308,9 @@ func (c *Cluster) Restart(i int) {
 	}
 	if m.e != nil {
 		panic(fmt.Sprintf("etcdtest: Restart(%d) of a running member", i))
+	}
+	if c.lag.lags(i) {
+		panic(fmt.Sprintf("etcdtest: Restart(%d) of a member that lags: it cannot be ready before CatchUp", i))
 	}
 	if err := m.start(c.o, c.certs); err != nil {
 		c.tb.Fatalf("%v", err)
@@ -305,9 +330,10 @@ func (c *Cluster) Restart(i int) {
 }
 
 // Close closes the clients and proxies handed out by c, then stops every
-// member, abruptly since the cluster's data is thrown away. Close is safe to
-// call more than once and concurrently: every call returns once all members
-// have stopped.
+// member, abruptly since the cluster's data is thrown away, and the proxies
+// between the members, dropping what a lag held. Close is safe to call more
+// than once and concurrently: every call returns once all members and
+// proxies have stopped.
 func (c *Cluster) Close() {
 	c.once.Do(func() {
 		c.owned.closeAll()
@@ -321,5 +347,8 @@ func (c *Cluster) Close() {
 			})
 		}
 		wg.Wait()
+		for _, p := range c.proxies {
+			p.close()
+		}
 	})
 }

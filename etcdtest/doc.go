@@ -2,7 +2,9 @@
 // in the manner of net/http/httptest.
 //
 // Start gives a single-member server, ready when it returns; StartCluster
-// gives a cluster of n members that can be stopped, killed and restarted.
+// gives a cluster of n members that can be stopped, killed and restarted,
+// or made to lag: Lag holds the raft messages sent to a member, which keeps
+// serving reads and watches from its old state, until CatchUp.
 // Both hand out clients, closed for you by tb.Cleanup, and clients whose
 // traffic goes through a Proxy that can drop, delay or hold it. Everything is
 // stopped when the test ends, clients first, so that goleak.VerifyTestMain

@@ -17,6 +17,7 @@ import (
 	"github.com/etcdlock/etcdlock/etcdtest"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // opTimeout bounds operations expected to succeed; it is generous so that
@@ -80,7 +81,7 @@ func getErr(t *testing.T, c *clientv3.Client, key string, d time.Duration) error
 // the test.
 func singleClient(t *testing.T, endpoint string, tlsFiles *etcdtest.TLSFiles) *clientv3.Client {
 	t.Helper()
-	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second}
+	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
 	if tlsFiles != nil {
 		cfg.TLS = tlsFiles.Config
 	}

@@ -32,9 +32,10 @@ type member struct {
 	name      string
 	dir       string
 	clientURL url.URL // port 0 lets the kernel pick; endpoint has the real one
-	peerURL   url.URL
-	cluster   string // initial cluster, "name=peerURL,..."
-	token     string // initial cluster token
+	peerURL   url.URL // advertised to the other members
+	listenURL url.URL // where it listens for them: peerURL, or behind a peerProxy
+	cluster   string  // initial cluster, "name=peerURL,..."
+	token     string  // initial cluster token
 
 	endpoint string             // client URL with the port in use
 	e        *embed.Etcd        // nil while stopped
@@ -50,7 +51,7 @@ func (m *member) start(o *options, crt *certs) error {
 	cfg.Dir = m.dir
 	cfg.ListenClientUrls = []url.URL{m.clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{m.clientURL}
-	cfg.ListenPeerUrls = []url.URL{m.peerURL}
+	cfg.ListenPeerUrls = []url.URL{m.listenURL}
 	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
 	cfg.InitialCluster = m.cluster
 	cfg.InitialClusterToken = m.token
@@ -128,7 +129,7 @@ func (m *member) stop(mode stopMode, ports portsAfterStop) {
 		if ports == keepPorts {
 			// On failure another socket took a port in the meantime, and
 			// Restart reports it.
-			m.hold, _ = holdPorts(m.clientURL.Host, m.peerURL.Host)
+			m.hold, _ = holdPorts(m.clientURL.Host, m.listenURL.Host)
 		}
 	}
 	if ports == releasePorts {

@@ -96,6 +96,7 @@ func start(o *options, certDir, dataDir string) (*Server, error) {
 		dir:       dataDir,
 		clientURL: url.URL{Scheme: scheme, Host: "127.0.0.1:0"},
 		peerURL:   peer,
+		listenURL: peer,
 		cluster:   "etcdtest=" + peer.String(),
 		token:     "etcdtest",
 	}
