@@ -693,7 +693,9 @@ func (mc *matrixCase) holdAndRelease(ctx context.Context, a actor, key string, t
 			// The early warning: keep-alives silent for 2/3 of the TTL, as
 			// etcd's replies show (a loaded machine can delay them), is a
 			// loss signal the contract gives while the lease still lives.
-			if quiet := mc.sm.silence(at); quiet >= matrixTTL*2/3 {
+			if quiet := mc.sm.silence(at); mc.sweep && mc.removes() && mc.sm.fires() > 0 {
+				t.Logf("Done closed after the %s fault on %s, which came after the wait for it", mc.fault, mc.at)
+			} else if quiet >= matrixTTL*2/3 {
 				t.Logf("Done closed while etcd still had the key, after %v without a keep-alive acknowledgement: the early warning", quiet.Round(time.Millisecond))
 			} else {
 				t.Errorf("Done closed while etcd still had the key %s (token %d) and its lease; the last keep-alive acknowledgement came %v before", key, token, quiet.Round(time.Millisecond))
