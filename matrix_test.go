@@ -410,13 +410,6 @@ func (mc *matrixCase) removes() bool {
 	return false
 }
 
-// byHand reports whether the case deletes the actor's key itself, at the
-// point of the call: a requeue needs a key deleted while waiting, and a
-// lost event needs one to lose.
-func (mc *matrixCase) byHand() bool {
-	return mc.at == callRequeue || mc.fault == faultEvent && (mc.at == callOwnWatch || mc.at == callLossWatch)
-}
-
 // stranded is the longest a waiter may take to hold once the lock is free:
 // one TTL, the period of its safety read, with 2× slack.
 var stranded = 2 * (matrixTTL + time.Second)

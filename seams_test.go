@@ -93,8 +93,7 @@ type seam struct {
 	late   sync.WaitGroup     // late requests not yet applied
 	lateOK int                // late requests applied without error
 	leases []clientv3.LeaseID // leases granted through this client
-	acked  time.Time          // when the last keep-alive acknowledgement was let through
-	acks   []time.Time        // when each was let through
+	acks   []time.Time        // when each keep-alive acknowledgement was let through
 }
 
 func newSeam(at call, f fault, nth int) *seam {
@@ -123,13 +122,6 @@ func (s *seam) settle() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lateOK
-}
-
-// lastAck returns when the last keep-alive acknowledgement was let through.
-func (s *seam) lastAck() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.acked
 }
 
 // silence returns how long no keep-alive acknowledgement had come at time
@@ -441,8 +433,7 @@ func (k *seamKeepAlive) RecvMsg(m any) error {
 		k.mu.Unlock()
 		if !silent {
 			k.s.mu.Lock()
-			k.s.acked = time.Now()
-			k.s.acks = append(k.s.acks, k.s.acked)
+			k.s.acks = append(k.s.acks, time.Now())
 			k.s.mu.Unlock()
 			return nil
 		}
