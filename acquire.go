@@ -3,52 +3,22 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
 )
 
-// The one acquisition path of every primitive, and the cleanup policy of
-// its key: the queue (internal/queue) puts, waits and deletes; this file
-// decides when, on which context, and what a failure means to the caller.
-
-const (
-	// abortTimeout bounds the cleanup of a call that returns without the
-	// lock. With the queue's reply grace (250 ms), LockContext returns
-	// within its deadline + 1 s.
-	abortTimeout = 500 * time.Millisecond
-	// unlockTimeout bounds the delete of a release.
-	unlockTimeout = 3 * time.Second
-	// retryTimeout bounds each background retry of a delete.
-	retryTimeout = 2 * time.Second
-)
+// The one acquisition path of every primitive: what it reports, how long it
+// may take, and what a failure means to the caller. The key's own cleanup is
+// the ticket's (ticket.go).
 
 // How long an acquisition waits for the holders to leave.
 const (
 	waitForever = queue.WaitForever // until held, or ctx ends
 	tryOnly     = queue.TryOnly     // not at all, and write nothing if blocked
 )
-
-// A ticket is one acquisition's key in a lock's queue, as the Session sees
-// it: the queue's ticket, the Session whose lease it is put with, and the
-// lock's name and kind, for observers and errors.
-type ticket struct {
-	*queue.Ticket
-	s    *Session
-	lock string
-	kind Kind
-}
-
-// newTicket returns a ticket for key, with value, in the queue of the lock
-// name, of kind kind (KindMutex...), under rule r.
-func (s *Session) newTicket(name string, kind Kind, r *queue.Rule, key, value string) *ticket {
-	marker := fmt.Sprintf("%s\x00etcdlock/%x-%x", name, s.Lease(), s.seq.Add(1))
-	return &ticket{Ticket: queue.NewTicket(s.conn, r, key, value, marker), s: s, lock: name, kind: kind}
-}
 
 // A claim is what a primitive asks of the acquisition path.
 type claim struct {
@@ -76,13 +46,13 @@ func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 	a := s.events.startAcquire(c.t.kind, c.t.lock)
 	opCtx, cancel := s.opContext(ctx, c.wait)
 	defer cancel()
-	fail := func(t *ticket, contended bool, err error) (*hold, error) {
+	fail := func(contended bool, err error) (*hold, error) {
 		err = failure(ctx, opCtx, s, c.t.lock, err)
 		reported := err
 		if errors.Is(err, errBusy) {
 			reported = nil
 		}
-		a.end(t, false, contended, c.wait, reported)
+		a.end("", 0, false, contended, c.wait, reported)
 		return nil, err
 	}
 	var queued bool
@@ -90,12 +60,12 @@ func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 		h, contended, err := c.turn(opCtx)
 		switch {
 		case err != nil:
-			return fail(nil, contended, err)
+			return fail(contended, err)
 		case h != nil:
 			if c.grant != nil {
 				c.grant(h)
 			}
-			a.end(h.t, true, contended, c.wait, nil)
+			a.end(h.t.Key(), h.token(), true, contended, c.wait, nil)
 			return h, nil
 		}
 		queued = contended
@@ -103,13 +73,13 @@ func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 	t := c.t
 	if err := t.Acquire(opCtx, c.wait); err != nil {
 		t.abort(opCtx, c.then)
-		return fail(t, queued || t.Contended(), err)
+		return fail(queued || t.Contended(), err)
 	}
 	h := t.newHold()
 	if c.grant != nil {
 		c.grant(h)
 	}
-	a.end(t, true, queued || t.Contended(), c.wait, nil)
+	a.end(t.Key(), t.Rev(), true, queued || t.Contended(), c.wait, nil)
 	return h, nil
 }
 
@@ -144,95 +114,4 @@ func failure(ctx, opCtx context.Context, s *Session, name string, err error) err
 		return err
 	}
 	return errorf("lock", name, err)
-}
-
-// abort removes our key after a failed acquisition, if it may be in etcd, on
-// a context detached from ctx and bounded; then runs when that is done. Where
-// etcd does not confirm the delete, it is retried in the background, and then
-// runs only after it succeeded or the Session ended.
-func (t *ticket) abort(ctx context.Context, then func()) {
-	if t.MayBeInEtcd() && !t.s.expired() {
-		if _, err := t.release(ctx, abortTimeout); err != nil {
-			t.releaseLater(then)
-			return
-		}
-	}
-	if then != nil {
-		then()
-	}
-}
-
-// release deletes our key (queue.Ticket.Delete) on a context detached from
-// ctx and bounded by timeout. It reports whether a key was deleted.
-func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	return t.Delete(ctx)
-}
-
-// releaseLater retries the delete of our key in the background, with
-// backoff, until it succeeds or the Session ends (which ends an attempt
-// under way too: the revoke deletes the key anyway), then runs then (which
-// may be nil).
-func (t *ticket) releaseLater(then func()) {
-	sctx := t.s.cs.Ctx()
-	ok := t.s.goBackground(func() {
-		if then != nil {
-			defer then()
-		}
-		for b := newBackoff(); b.wait(sctx) == nil; {
-			ctx, cancel := context.WithTimeout(sctx, retryTimeout)
-			_, err := t.Delete(ctx)
-			cancel()
-			if err == nil {
-				return
-			}
-		}
-	})
-	if !ok && then != nil {
-		then()
-	}
-}
-
-// unlock releases the key of hold h (ended already): it returns nil when it
-// was deleted, ErrSessionExpired or ErrLockLost when it was already gone, and
-// etcd's error, wrapped, when etcd did not confirm the delete; the delete is
-// then retried in the background, and then runs after it. Otherwise then
-// runs before unlock returns.
-func (t *ticket) unlock(ctx context.Context, h *hold, then func()) error {
-	h.reportEnd()
-	if t.s.expired() {
-		t.released(false, nil)
-		if then != nil {
-			then()
-		}
-		return ErrSessionExpired
-	}
-	deleted, err := t.release(ctx, unlockTimeout)
-	t.released(deleted, err)
-	if err != nil {
-		t.releaseLater(then)
-		return errorf("unlock", t.lock, err)
-	}
-	if then != nil {
-		then()
-	}
-	if !deleted {
-		if t.s.expired() {
-			return ErrSessionExpired
-		}
-		return ErrLockLost
-	}
-	return nil
-}
-
-// ownerCmp returns a comparison for a clientv3 Txn that is true only while
-// key exists with create revision rev; with rev 0 (nothing held), one that is
-// always false.
-func ownerCmp(key string, rev int64) clientv3.Cmp {
-	if key == "" || rev == 0 {
-		// No key has a negative create revision.
-		key, rev = "\x00etcdlock/not-held", -1
-	}
-	return clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
 }

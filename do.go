@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Do takes the lock, runs f, waits for f to return, then releases the lock.
@@ -89,34 +87,6 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 	}()
 	return doing{ran: true, err: f(fctx)}
 }
-
-// Held describes one hold, as one consistent snapshot: the hold of a Do or
-// Lead, for its f (HeldFrom), or the calling goroutine's hold of a Mutex or
-// RWMutex (their Held methods), taken at one moment. Its fields do not
-// change; Done and IsOwner follow the hold after the snapshot. The zero
-// Held describes no hold: IsOwner is always false, Done is closed.
-type Held struct {
-	Name  string           // the lock's name
-	Key   string           // our key
-	Token int64            // the fencing token: our key's create revision
-	Lease clientv3.LeaseID // our key's lease, the Session's: a key f puts with it goes when the Session ends
-
-	h *hold // the hold, for Done; nil in the zero Held
-}
-
-// Done returns the hold's loss signal, as Mutex.Done does for a hold: a
-// channel closed when this hold ends or is lost (a later hold of the same
-// lock has a channel of its own). It is closed for the zero Held.
-func (h Held) Done() <-chan struct{} {
-	if h.h == nil {
-		return closed
-	}
-	return h.h.lost()
-}
-
-// IsOwner returns a comparison for a clientv3 Txn that is true only while
-// the hold lasts, as Mutex.IsOwner does.
-func (h Held) IsOwner() clientv3.Cmp { return ownerCmp(h.Key, h.Token) }
 
 type heldKey struct{}
 

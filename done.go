@@ -11,8 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// closed is the channel Done returns when nothing is held.
-var closed = func() chan struct{} {
+// closedDone is the channel Done returns when nothing is held.
+var closedDone = func() chan struct{} {
 	c := make(chan struct{})
 	close(c)
 	return c
@@ -44,6 +44,45 @@ func (t *ticket) newHold() *hold {
 // again returns a new hold of the same key: a local hand-off keeps the key
 // and token but gives the next goroutine a loss signal of its own.
 func (h *hold) again() *hold { return h.t.newHold() }
+
+// Held describes one hold, as one consistent snapshot: the hold of a Do or
+// Lead, for its f (HeldFrom), or the calling goroutine's hold of a Mutex or
+// RWMutex (their Held methods), taken at one moment. Its fields do not
+// change; Done and IsOwner follow the hold after the snapshot. The zero
+// Held describes no hold: IsOwner is always false, Done is closed.
+type Held struct {
+	Name  string           // the lock's name
+	Key   string           // our key
+	Token int64            // the fencing token: our key's create revision
+	Lease clientv3.LeaseID // our key's lease, the Session's: a key f puts with it goes when the Session ends
+
+	h *hold // the hold, for Done; nil in the zero Held
+}
+
+// Done returns the hold's loss signal, as Mutex.Done does for a hold: a
+// channel closed when this hold ends or is lost (a later hold of the same
+// lock has a channel of its own). It is closed for the zero Held.
+func (h Held) Done() <-chan struct{} {
+	if h.h == nil {
+		return closedDone
+	}
+	return h.h.lost()
+}
+
+// IsOwner returns a comparison for a clientv3 Txn that is true only while
+// the hold lasts, as Mutex.IsOwner does.
+func (h Held) IsOwner() clientv3.Cmp { return ownerCmp(h.Key, h.Token) }
+
+// ownerCmp returns a comparison for a clientv3 Txn that is true only while
+// key exists with create revision rev; with rev 0 (nothing held), one that is
+// always false.
+func ownerCmp(key string, rev int64) clientv3.Cmp {
+	if key == "" || rev == 0 {
+		// No key has a negative create revision.
+		key, rev = "\x00etcdlock/not-held", -1
+	}
+	return clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
+}
 
 // snapshot returns the hold as a Held of the lock name.
 func (h *hold) snapshot(name string) Held {
@@ -188,7 +227,7 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 			default:
 				// Compacted, or failed: read the key instead, and watch
 				// again from that read.
-				rev, there := h.stillHeld(ctx)
+				rev, there := h.keyThere(ctx)
 				switch {
 				case !there:
 					return 0, LossKeyDeleted
@@ -200,7 +239,7 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 				wch, broken = nil, true
 			}
 		case <-reread.C:
-			rev, there := h.stillHeld(ctx)
+			rev, there := h.keyThere(ctx)
 			switch {
 			case !there:
 				return 0, LossKeyDeleted
@@ -219,10 +258,10 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 	}
 }
 
-// stillHeld reads our key: it reports false if etcd says the key of the
+// keyThere reads our key: it reports false if etcd says the key of the
 // hold is gone, and otherwise the revision of the read, 0 where the read
 // failed (we cannot tell: the hold is taken as still there).
-func (h *hold) stillHeld(ctx context.Context) (int64, bool) {
+func (h *hold) keyThere(ctx context.Context) (int64, bool) {
 	s := h.t.s
 	rctx, cancel := context.WithTimeout(ctx, s.ttl/3)
 	defer cancel()
@@ -234,4 +273,47 @@ func (h *hold) stillHeld(ctx context.Context) (int64, bool) {
 		return resp.Header.Revision, false
 	}
 	return resp.Header.Revision, true
+}
+
+// reportEnd reports the end of hold h: its release, or its hand-off to
+// another goroutine of this process.
+func (h *hold) reportEnd() {
+	t := h.t
+	if t.s.events != nil {
+		now := time.Now()
+		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Held: now.Sub(h.since)})
+	}
+}
+
+// unlock releases the key of the hold (ended already): it returns nil when it
+// was deleted, ErrSessionExpired or ErrLockLost when it was already gone, and
+// etcd's error, wrapped, when etcd did not confirm the delete; the delete is
+// then retried in the background, and then runs after it. Otherwise then
+// runs before unlock returns.
+func (h *hold) unlock(ctx context.Context, then func()) error {
+	t := h.t
+	h.reportEnd()
+	if t.s.expired() {
+		t.released(false, nil)
+		if then != nil {
+			then()
+		}
+		return ErrSessionExpired
+	}
+	deleted, err := t.release(ctx, unlockTimeout)
+	t.released(deleted, err)
+	if err != nil {
+		t.releaseLater(then)
+		return errorf("unlock", t.lock, err)
+	}
+	if then != nil {
+		then()
+	}
+	if !deleted {
+		if t.s.expired() {
+			return ErrSessionExpired
+		}
+		return ErrLockLost
+	}
+	return nil
 }

@@ -54,11 +54,11 @@ var (
 	ErrLimitMismatch = errors.New("etcdlock: semaphore limit mismatch")
 )
 
-// validate returns the error that makes a call on the lock name of s
-// impossible, if any.
-func validate(s *Session, name string, ctx context.Context) error {
+// validate returns the error that makes a call on the lock name impossible,
+// if any: no Session (hasSession false), no context, or no name.
+func validate(hasSession bool, name string, ctx context.Context) error {
 	switch {
-	case s == nil:
+	case !hasSession:
 		return fmt.Errorf("%w: nil Session", ErrInvalidArgument)
 	case ctx == nil:
 		return fmt.Errorf("%w: nil context", ErrInvalidArgument)

@@ -9,9 +9,9 @@ import (
 // Queued returns how many goroutines of this process wait for their turn on
 // the lock name of s.
 func Queued(s *Session, name string) int {
-	s.local.mu.Lock()
-	st := s.local.locks[name]
-	s.local.mu.Unlock()
+	processLocks.mu.Lock()
+	st := processLocks.locks[lockOf{s, name}]
+	processLocks.mu.Unlock()
 	if st == nil {
 		return 0
 	}

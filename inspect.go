@@ -21,18 +21,6 @@ type QueueEntry struct {
 	Kind     Kind             // KindMutex (also concurrency.Mutex and etcdctl lock), KindRead, KindWrite or KindSemaphore
 }
 
-// A Kind is the kind of a key in a lock's queue, and of the lock call that
-// put it: a QueueEntry's and an Event's.
-type Kind string
-
-// The kinds of keys.
-const (
-	KindMutex     Kind = "mutex"     // a Mutex's key (and Lead's, Do's, concurrency.Mutex's, etcdctl lock's)
-	KindRead      Kind = "read"      // an RWMutex reader's
-	KindWrite     Kind = "write"     // an RWMutex writer's
-	KindSemaphore Kind = "semaphore" // a Semaphore permit's
-)
-
 // Inspect reads the queue of the lock called name: the keys of a Mutex, an
 // RWMutex or a Semaphore of that name, or of concurrency.Mutex, etcdctl lock
 // and etcd's recipe RWMutex. It returns the holders first, by token, then

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // The sync.Locker side of Mutex and RWMutex: methods without a context or an
@@ -39,32 +38,5 @@ func unlockOrPanic(method, name string, unlock func(context.Context) error) {
 	err := unlock(context.Background())
 	if errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidArgument) {
 		panic(fmt.Sprintf("etcdlock: %s of %q: %v (use %sContext to handle this as an error)", method, name, err, method))
-	}
-}
-
-// The pauses of a backoff: 50 ms, doubling to 1 s.
-const (
-	firstBackoff = 50 * time.Millisecond
-	maxBackoff   = time.Second
-)
-
-// A backoff is the pause between two attempts that failed: 50 ms, doubling
-// to 1 s.
-type backoff struct{ d time.Duration }
-
-func newBackoff() *backoff { return &backoff{d: firstBackoff} }
-
-func (b *backoff) reset() { b.d = firstBackoff }
-
-// wait pauses, or returns ctx.Err() if ctx ends first.
-func (b *backoff) wait(ctx context.Context) error {
-	t := time.NewTimer(b.d)
-	defer t.Stop()
-	b.d = min(2*b.d, maxBackoff)
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

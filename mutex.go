@@ -67,9 +67,9 @@ func (m *Mutex) Name() string {
 // check returns the error that makes a call on m impossible, if any.
 func (m *Mutex) check(ctx context.Context) error {
 	if m == nil {
-		return validate(nil, "", ctx)
+		return validate(false, "", ctx)
 	}
-	return validate(m.s, m.name, ctx)
+	return validate(m.s != nil, m.name, ctx)
 }
 
 // Lock takes the lock, blocking until it is held. It retries what can be
@@ -191,7 +191,7 @@ func (m *Mutex) UnlockContext(ctx context.Context) error {
 	case stillHeld, handedOn:
 		return nil
 	}
-	return h.t.unlock(ctx, h, st.passTurn)
+	return h.unlock(ctx, st.passTurn)
 }
 
 // HoldCount returns the number of holds of the calling goroutine: 0 when it
@@ -271,7 +271,21 @@ func (m *Mutex) Done() <-chan struct{} {
 	if h := m.current(); h != nil {
 		return h.lost()
 	}
-	return closed
+	return closedDone
+}
+
+// state returns the live record of the handle's lock, creating it if create
+// is set; nil if there is none, which means that nothing in this process
+// holds or awaits the lock. The handle keeps the last one it found.
+func (m *Mutex) state(create bool) *lockState {
+	if st := m.st.Load(); st != nil && !st.retired.Load() {
+		return st
+	}
+	st := mutexState(m.s, m.name, create)
+	if st != nil {
+		m.st.Store(st)
+	}
+	return st
 }
 
 func (m *Mutex) session() *Session {

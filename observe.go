@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/petermattis/goid"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -251,24 +252,25 @@ func (d *dispatch) startAcquire(primitive Kind, name string) acquisition {
 	return a
 }
 
-// end reports how the acquisition ended: err is the call's error; held
-// false with a nil err is a try or a wait that ran out.
-func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, err error) {
+// end reports how the acquisition ended: with key and token when held;
+// err is the call's error; held false with a nil err is a try or a wait
+// that ran out.
+func (a acquisition) end(key string, token int64, held, contended bool, wait time.Duration, err error) {
 	if a.d == nil {
 		return
 	}
 	e := a.e
 	e.Kind, e.Time = AcquireEnded, time.Now()
 	e.Wait, e.Contended = e.Time.Sub(a.start), contended
-	if t != nil && held {
-		e.Key, e.Token = t.Key(), t.Rev()
+	if held {
+		e.Key, e.Token = key, token
 	}
 	switch {
 	case held:
 		e.Outcome = OutcomeAcquired
 	case err == nil || errors.Is(err, ErrNoPermit):
 		e.Outcome = OutcomeTimedOut
-		if wait == tryOnly {
+		if wait == queue.TryOnly {
 			e.Outcome = OutcomeBusy
 		}
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
@@ -277,24 +279,6 @@ func (a acquisition) end(t *ticket, held, contended bool, wait time.Duration, er
 		e.Outcome, e.Err = OutcomeError, err
 	}
 	a.d.emit(e)
-}
-
-// released reports the delete of our key in t: deleted, or found gone, or
-// failed with err.
-func (t *ticket) released(deleted bool, err error) {
-	if t.s.events != nil {
-		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Err: err, FencedMiss: err == nil && !deleted})
-	}
-}
-
-// reportEnd reports the end of hold h: its release, or its hand-off to
-// another goroutine of this process.
-func (h *hold) reportEnd() {
-	t := h.t
-	if t.s.events != nil {
-		now := time.Now()
-		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Held: now.Sub(h.since)})
-	}
 }
 
 // logObserver is the Observer of WithLogger.

@@ -9,14 +9,23 @@ import (
 	"github.com/petermattis/goid"
 )
 
-// tables are the records of what this process holds or awaits on one
-// Session, one per lock name: a Session has one, and only this file reads or
-// writes it. The records themselves are guarded by their own mutexes, which
-// may be taken under tables.mu, never the other way round.
+// processLocks is this process's records of what it holds or awaits, one per
+// lock of a Session: only this file reads or writes it. The records are
+// guarded by their own mutexes, which may be taken under processLocks.mu, never
+// the other way round. A record is removed once idle, so a Session leaves
+// nothing here once it holds and awaits nothing.
+var processLocks tables
+
 type tables struct {
 	mu      sync.Mutex
-	locks   map[string]*lockState // one record per Mutex name, shared by all handles
-	rwlocks map[string]*rwState   // one record per RWMutex name
+	locks   map[lockOf]*lockState // one record per Mutex of a Session, shared by all its handles
+	rwlocks map[lockOf]*rwState   // one record per RWMutex of a Session
+}
+
+// A lockOf names a lock of one Session.
+type lockOf struct {
+	s    *Session
+	name string
 }
 
 // lockState is what this process knows of one Mutex name on one Session. All
@@ -26,7 +35,7 @@ type tables struct {
 // takes part in etcd's queue, so N goroutines cost etcd one key, not N.
 //
 // This file is the only one that reads or writes a lockState's fields. A
-// record lives in the Session's tables while anything uses it; once idle it is
+// record lives in processLocks while anything uses it; once idle it is
 // retired and removed, and handles that still point to it fetch a new one.
 type lockState struct {
 	s    *Session
@@ -115,26 +124,20 @@ const (
 	turnBusy               // a try: the turn is taken
 )
 
-// state returns the live record of the handle's lock, creating it if create
-// is set; nil if there is none, which means that nothing in this process
-// holds or awaits the lock.
-func (m *Mutex) state(create bool) *lockState {
-	if st := m.st.Load(); st != nil && !st.retired.Load() {
-		return st
-	}
-	tb := &m.s.local
-	tb.mu.Lock()
-	st := tb.locks[m.name]
+// mutexState returns the live record of the Mutex name of s, creating it if
+// create is set; nil if there is none, which means that nothing in this
+// process holds or awaits the lock.
+func mutexState(s *Session, name string, create bool) *lockState {
+	processLocks.mu.Lock()
+	defer processLocks.mu.Unlock()
+	k := lockOf{s, name}
+	st := processLocks.locks[k]
 	if st == nil && create {
-		st = &lockState{s: m.s, name: m.name}
-		if tb.locks == nil {
-			tb.locks = make(map[string]*lockState)
+		st = &lockState{s: s, name: name}
+		if processLocks.locks == nil {
+			processLocks.locks = make(map[lockOf]*lockState)
 		}
-		tb.locks[m.name] = st
-	}
-	tb.mu.Unlock()
-	if st != nil {
-		m.st.Store(st)
+		processLocks.locks[k] = st
 	}
 	return st
 }
@@ -284,14 +287,13 @@ func (st *lockState) passTurn() {
 	st.busy = false
 	st.mu.Unlock()
 
-	tb := &st.s.local
-	tb.mu.Lock()
-	defer tb.mu.Unlock()
+	processLocks.mu.Lock()
+	defer processLocks.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if !st.busy && len(st.queue) == 0 && tb.locks[st.name] == st {
+	if k := (lockOf{st.s, st.name}); !st.busy && len(st.queue) == 0 && processLocks.locks[k] == st {
 		st.retired.Store(true)
-		delete(tb.locks, st.name)
+		delete(processLocks.locks, k)
 	}
 }
 
@@ -349,19 +351,20 @@ type rwHold struct {
 	h     *hold
 }
 
-// state returns the live record of the handle's lock, creating it if create
-// is set; nil if there is none: nothing in this process holds the lock.
-func (rw *RWMutex) state(create bool) *rwState {
-	tb := &rw.s.local
-	tb.mu.Lock()
-	defer tb.mu.Unlock()
-	st := tb.rwlocks[rw.name]
+// rwMutexState returns the live record of the RWMutex name of s, creating
+// it if create is set; nil if there is none: nothing in this process holds
+// the lock.
+func rwMutexState(s *Session, name string, create bool) *rwState {
+	processLocks.mu.Lock()
+	defer processLocks.mu.Unlock()
+	k := lockOf{s, name}
+	st := processLocks.rwlocks[k]
 	if st == nil && create {
-		st = &rwState{s: rw.s, name: rw.name, readers: make(map[int64]*rwHold)}
-		if tb.rwlocks == nil {
-			tb.rwlocks = make(map[string]*rwState)
+		st = &rwState{s: s, name: name, readers: make(map[int64]*rwHold)}
+		if processLocks.rwlocks == nil {
+			processLocks.rwlocks = make(map[lockOf]*rwState)
 		}
-		tb.rwlocks[rw.name] = st
+		processLocks.rwlocks[k] = st
 	}
 	return st
 }
@@ -450,14 +453,13 @@ func (st *rwState) leave(write bool) (departure, *rwHold) {
 
 // retire removes the record from the Session if nothing holds it.
 func (st *rwState) retire() {
-	tb := &st.s.local
-	tb.mu.Lock()
-	defer tb.mu.Unlock()
+	processLocks.mu.Lock()
+	defer processLocks.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.writer == 0 && len(st.readers) == 0 && tb.rwlocks[st.name] == st {
+	if k := (lockOf{st.s, st.name}); st.writer == 0 && len(st.readers) == 0 && processLocks.rwlocks[k] == st {
 		st.retired = true
-		delete(tb.rwlocks, st.name)
+		delete(processLocks.rwlocks, k)
 	}
 }
 

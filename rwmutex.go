@@ -206,7 +206,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 	case stillHeld:
 		return nil
 	}
-	return r.h.t.unlock(ctx, r.h, nil)
+	return r.h.unlock(ctx, nil)
 }
 
 // HoldCount returns the number of holds of the calling goroutine, write and
@@ -270,7 +270,7 @@ func (rw *RWMutex) Done() <-chan struct{} {
 	if r := rw.mine(); r != nil {
 		return r.h.lost()
 	}
-	return closed
+	return closedDone
 }
 
 // mine returns the calling goroutine's hold, nil if none.
@@ -284,11 +284,15 @@ func (rw *RWMutex) mine() *rwHold {
 	return nil
 }
 
+// state returns the live record of the handle's lock, creating it if create
+// is set; nil if there is none: nothing in this process holds the lock.
+func (rw *RWMutex) state(create bool) *rwState { return rwMutexState(rw.s, rw.name, create) }
+
 func (rw *RWMutex) check(ctx context.Context) error {
 	if rw == nil {
-		return validate(nil, "", ctx)
+		return validate(false, "", ctx)
 	}
-	return validate(rw.s, rw.name, ctx)
+	return validate(rw.s != nil, rw.name, ctx)
 }
 
 func (rw *RWMutex) session() *Session {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -56,29 +54,6 @@ func NewSemaphore(s *Session, name string, limit int) *Semaphore {
 		return nil
 	})
 	return sem
-}
-
-// semaphoreValue is the value of a permit's key: the limit on the first
-// line, then the Session's identity.
-func semaphoreValue(limit int, identity string) string {
-	return "limit=" + strconv.Itoa(limit) + "\n" + identity
-}
-
-// limitOf reads the limit of a permit's key value.
-func limitOf(value []byte) (int, bool) {
-	line, _, _ := strings.Cut(string(value), "\n")
-	n, err := strconv.Atoi(strings.TrimPrefix(line, "limit="))
-	if err != nil || !strings.HasPrefix(line, "limit=") || n < 1 {
-		return 0, false
-	}
-	return n, true
-}
-
-func describeLimit(value []byte) string {
-	if n, ok := limitOf(value); ok {
-		return "limit " + strconv.Itoa(n)
-	}
-	return "no limit (not a Semaphore's key)"
 }
 
 // Name returns the semaphore's name, as given to NewSemaphore.
@@ -134,9 +109,9 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 
 func (sem *Semaphore) check(ctx context.Context) error {
 	if sem == nil {
-		return validate(nil, "", ctx)
+		return validate(false, "", ctx)
 	}
-	if err := validate(sem.s, sem.name, ctx); err != nil {
+	if err := validate(sem.s != nil, sem.name, ctx); err != nil {
 		return err
 	}
 	if sem.limit < 1 {
@@ -177,7 +152,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	p.released = true
 	p.mu.Unlock()
 	p.h.end()
-	return p.h.t.unlock(ctx, p.h, nil)
+	return p.h.unlock(ctx, nil)
 }
 
 // Key returns the permit's etcd key, "" once released.
@@ -215,7 +190,7 @@ func (p *Permit) IsOwner() clientv3.Cmp {
 // lost, as Mutex.Done is for a hold.
 func (p *Permit) Done() <-chan struct{} {
 	if p == nil {
-		return closed
+		return closedDone
 	}
 	return p.h.lost()
 }

@@ -43,10 +43,9 @@ type Session struct {
 	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
 	lastAck atomic.Int64
 
-	local tables       // who holds what in this process (reentrant.go)
-	seq   atomic.Int64 // makes the keys of RWMutex and Semaphore holds unique
+	seq atomic.Int64 // makes the keys of RWMutex and Semaphore holds unique
 	// bgMu guards closing and bg.Go, and nothing else: goBackground is
-	// called with a hold's mutex held, which may be taken under the tables' mutex.
+	// called with a hold's mutex held, which may be taken under processLocks' mutex.
 	bgMu    sync.Mutex
 	closing bool           // no new background work once set
 	bg      sync.WaitGroup // background goroutines: keep-alive reader, cleanups, hold monitors

@@ -1,0 +1,33 @@
+package etcdlock
+
+import (
+	"context"
+	"time"
+)
+
+// The pauses of a backoff: 50 ms, doubling to 1 s.
+const (
+	firstBackoff = 50 * time.Millisecond
+	maxBackoff   = time.Second
+)
+
+// A backoff is the pause between two attempts that failed: 50 ms, doubling
+// to 1 s.
+type backoff struct{ d time.Duration }
+
+func newBackoff() *backoff { return &backoff{d: firstBackoff} }
+
+func (b *backoff) reset() { b.d = firstBackoff }
+
+// wait pauses, or returns ctx.Err() if ctx ends first.
+func (b *backoff) wait(ctx context.Context) error {
+	t := time.NewTimer(b.d)
+	defer t.Stop()
+	b.d = min(2*b.d, maxBackoff)
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,45 @@
+package etcdlock
+
+// What the locks write in etcd, beyond the queue's rules: the kinds of keys,
+// and the values they carry.
+
+import (
+	"strconv"
+	"strings"
+)
+
+// A Kind is the kind of a key in a lock's queue, and of the lock call that
+// put it: a QueueEntry's and an Event's.
+type Kind string
+
+// The kinds of keys.
+const (
+	KindMutex     Kind = "mutex"     // a Mutex's key (and Lead's, Do's, concurrency.Mutex's, etcdctl lock's)
+	KindRead      Kind = "read"      // an RWMutex reader's
+	KindWrite     Kind = "write"     // an RWMutex writer's
+	KindSemaphore Kind = "semaphore" // a Semaphore permit's
+)
+
+// semaphoreValue is the value of a permit's key: the limit on the first
+// line, then the Session's identity.
+func semaphoreValue(limit int, identity string) string {
+	return "limit=" + strconv.Itoa(limit) + "\n" + identity
+}
+
+// limitOf reads the limit of a permit's key value.
+func limitOf(value []byte) (int, bool) {
+	line, _, _ := strings.Cut(string(value), "\n")
+	n, err := strconv.Atoi(strings.TrimPrefix(line, "limit="))
+	if err != nil || !strings.HasPrefix(line, "limit=") || n < 1 {
+		return 0, false
+	}
+	return n, true
+}
+
+// describeLimit says what limit a key value carries, for errors.
+func describeLimit(value []byte) string {
+	if n, ok := limitOf(value); ok {
+		return "limit " + strconv.Itoa(n)
+	}
+	return "no limit (not a Semaphore's key)"
+}

@@ -1,0 +1,98 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/etcdlock/etcdlock/internal/queue"
+)
+
+// A ticket is the Session's side of one key in a lock's queue: the queue
+// (internal/queue) puts, waits and deletes; this file decides on which
+// context a delete runs, how long it may take, and when it is retried in
+// the background.
+
+const (
+	// abortTimeout bounds the cleanup of a call that returns without the
+	// lock. With the queue's reply grace (250 ms), LockContext returns
+	// within its deadline + 1 s.
+	abortTimeout = 500 * time.Millisecond
+	// unlockTimeout bounds the delete of a release.
+	unlockTimeout = 3 * time.Second
+	// retryTimeout bounds each background retry of a delete.
+	retryTimeout = 2 * time.Second
+)
+
+// A ticket is one acquisition's key in a lock's queue, as the Session sees
+// it: the queue's ticket, the Session whose lease it is put with, and the
+// lock's name and kind, for observers and errors.
+type ticket struct {
+	*queue.Ticket
+	s    *Session
+	lock string
+	kind Kind
+}
+
+// newTicket returns a ticket for key, with value, in the queue of the lock
+// name, of kind kind (KindMutex...), under rule r.
+func (s *Session) newTicket(name string, kind Kind, r *queue.Rule, key, value string) *ticket {
+	marker := fmt.Sprintf("%s\x00etcdlock/%x-%x", name, s.Lease(), s.seq.Add(1))
+	return &ticket{Ticket: queue.NewTicket(s.conn, r, key, value, marker), s: s, lock: name, kind: kind}
+}
+
+// abort removes our key after a failed acquisition, if it may be in etcd, on
+// a context detached from ctx and bounded; then runs when that is done. Where
+// etcd does not confirm the delete, it is retried in the background, and then
+// runs only after it succeeded or the Session ended.
+func (t *ticket) abort(ctx context.Context, then func()) {
+	if t.MayBeInEtcd() && !t.s.expired() {
+		if _, err := t.release(ctx, abortTimeout); err != nil {
+			t.releaseLater(then)
+			return
+		}
+	}
+	if then != nil {
+		then()
+	}
+}
+
+// release deletes our key (queue.Ticket.Delete) on a context detached from
+// ctx and bounded by timeout. It reports whether a key was deleted.
+func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	return t.Delete(ctx)
+}
+
+// releaseLater retries the delete of our key in the background, with
+// backoff, until it succeeds or the Session ends (which ends an attempt
+// under way too: the revoke deletes the key anyway), then runs then (which
+// may be nil).
+func (t *ticket) releaseLater(then func()) {
+	sctx := t.s.cs.Ctx()
+	ok := t.s.goBackground(func() {
+		if then != nil {
+			defer then()
+		}
+		for b := newBackoff(); b.wait(sctx) == nil; {
+			ctx, cancel := context.WithTimeout(sctx, retryTimeout)
+			_, err := t.Delete(ctx)
+			cancel()
+			if err == nil {
+				return
+			}
+		}
+	})
+	if !ok && then != nil {
+		then()
+	}
+}
+
+// released reports the delete of our key in t: deleted, or found gone, or
+// failed with err.
+func (t *ticket) released(deleted bool, err error) {
+	if t.s.events != nil {
+		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Err: err, FencedMiss: err == nil && !deleted})
+	}
+}
