@@ -38,8 +38,8 @@ const (
 //
 // Faults cost time, never a wrong queue: when the watch fails, is cancelled
 // or its history was compacted, Observe reads again and watches from that
-// read; while etcd is unreachable it retries, 50 ms doubling to 1 s apart,
-// each read bounded by 2 s; and it reads the queue again every 5 s, so that
+// read; while etcd is unreachable, or a new watch is cancelled again, it
+// retries, 50 ms doubling to 1 s apart, each read bounded by 2 s; and it reads the queue again every 5 s, so that
 // a change whose watch event etcd lost (etcd #17529, #18089, #19179, #20221)
 // is sent at most 5 s late. Nothing is sent before the first read succeeds.
 // A watch on a member that has lost its raft leader is cancelled, and read
@@ -151,13 +151,14 @@ func (f *follower[T]) run(ctx context.Context) {
 		}
 	}()
 	// start reads, then watches from the read; or, if the read fails, sets
-	// the time of the next try.
+	// the time of the next try. The pauses grow until a watch is created:
+	// a read that works and a watch that etcd cancels at once (compacted
+	// again, a member without a leader) do not loop.
 	start := func() {
 		if f.read(ctx) != nil {
 			retryAt = time.After(retry.next())
 			return
 		}
-		retry.reset()
 		w = f.watch(ctx)
 		opened = w.opened
 	}
@@ -178,6 +179,9 @@ func (f *follower[T]) run(ctx context.Context) {
 			opened = nil
 		case wr, ok := <-events:
 			if ok && !wr.Canceled && wr.Err() == nil && wr.CompactRevision == 0 {
+				if wr.Created {
+					retry.reset()
+				}
 				f.apply(wr.Events)
 				continue
 			}
@@ -188,7 +192,7 @@ func (f *follower[T]) run(ctx context.Context) {
 			if ctx.Err() != nil || f.client.Ctx().Err() != nil {
 				return
 			}
-			start()
+			retryAt = time.After(retry.next())
 		case <-retryAt:
 			retryAt = nil
 			if f.client.Ctx().Err() != nil {
@@ -238,17 +242,25 @@ func (f *follower[T]) apply(events []*clientv3.Event) {
 	if len(events) == 0 {
 		return
 	}
+	queued := false
 	for _, ev := range events {
-		switch key := string(ev.Kv.Key); {
-		case !inQueue(f.pfx, ev.Kv.Key):
-		case ev.Type == clientv3.EventTypeDelete:
-			delete(f.keys, key)
-		default:
-			f.keys[key] = ev.Kv
+		if ev.Kv == nil {
+			continue
 		}
+		f.rev = max(f.rev, ev.Kv.ModRevision)
+		switch {
+		case !inQueue(f.pfx, ev.Kv.Key):
+			continue // a nested lock's
+		case ev.Type == clientv3.EventTypeDelete:
+			delete(f.keys, string(ev.Kv.Key))
+		default:
+			f.keys[string(ev.Kv.Key)] = ev.Kv
+		}
+		queued = true
 	}
-	f.rev = events[len(events)-1].Kv.ModRevision
-	f.changed()
+	if queued {
+		f.changed()
+	}
 }
 
 // changed makes the queue of the keys the next to send, unless it is the
@@ -284,7 +296,9 @@ func (f *follower[T]) watch(ctx context.Context) *followWatch {
 	opened := make(chan clientv3.WatchChan, 1)
 	w := &followWatch{opened: opened, cancel: cancel}
 	from := f.rev + 1
-	w.wg.Go(func() { opened <- f.client.Watch(wctx, f.pfx, clientv3.WithPrefix(), clientv3.WithRev(from)) })
+	w.wg.Go(func() {
+		opened <- f.client.Watch(wctx, f.pfx, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithCreatedNotify())
+	})
 	return w
 }
 

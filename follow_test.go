@@ -155,16 +155,16 @@ func TestObserve(t *testing.T) {
 			client *clientv3.Client
 			name   string
 		}{
-			{"nil context", nilCtx, client, lockName(t)},
-			{"nil client", ctx, nil, lockName(t)},
-			{"empty name", ctx, client, ""},
+			{"a nil context", nilCtx, client, lockName(t)},
+			{"a nil client", ctx, nil, lockName(t)},
+			{"the empty name", ctx, client, ""},
 		} {
 			q := record(etcdlock.Observe(tc.ctx, tc.client, tc.name))
 			l := record(etcdlock.ObserveLeader(tc.ctx, tc.client, tc.name))
-			q.closes(t, "Observe with a "+tc.what, time.Now(), time.Second)
-			l.closes(t, "ObserveLeader with a "+tc.what, time.Now(), time.Second)
+			q.closes(t, "Observe with "+tc.what, time.Now(), time.Second)
+			l.closes(t, "ObserveLeader with "+tc.what, time.Now(), time.Second)
 			if q.len() != 0 || l.len() != 0 {
-				t.Errorf("with a %s: got %v and %v sent, want nothing", tc.what, q.all(), l.all())
+				t.Errorf("with %s: got %v and %v sent, want nothing", tc.what, q.all(), l.all())
 			}
 		}
 	})
