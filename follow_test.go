@@ -408,6 +408,7 @@ func TestObserveLeaderFailover(t *testing.T) {
 	}
 
 	log := newLeaderLog(t)
+	log.overlap = true // the operator's delete
 	type node struct {
 		c     *candidate
 		proxy *etcdtest.Proxy
@@ -451,6 +452,7 @@ func TestObserveLeaderFailover(t *testing.T) {
 	}
 	second, tm := log.leader(first)
 	seen("key deleted", second, tm.token, deleted)
+	eventually(t, first+"'s f ended", func() bool { return !log.ended(first).IsZero() })
 
 	// The leader is cut off: its key goes when its lease expires, and the
 	// next one leads at once.
