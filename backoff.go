@@ -19,11 +19,18 @@ func newBackoff() *backoff { return &backoff{d: firstBackoff} }
 
 func (b *backoff) reset() { b.d = firstBackoff }
 
+// next returns the pause before the next attempt, and doubles the one
+// after it.
+func (b *backoff) next() time.Duration {
+	d := b.d
+	b.d = min(2*b.d, maxBackoff)
+	return d
+}
+
 // wait pauses, or returns ctx.Err() if ctx ends first.
 func (b *backoff) wait(ctx context.Context) error {
-	t := time.NewTimer(b.d)
+	t := time.NewTimer(b.next())
 	defer t.Stop()
-	b.d = min(2*b.d, maxBackoff)
 	select {
 	case <-t.C:
 		return nil

@@ -22,8 +22,9 @@
 // The rest of the family keeps the same guarantees: RWMutex (many readers or
 // one writer, FIFO), Semaphore (at most N holders), Mutex.Do (a scoped hold
 // whose function stops when the lock is lost), Lead (leader duty with
-// failover), Inspect (who holds and who waits), and Observer and WithLogger
-// for what happens to the locks.
+// failover), Inspect (who holds and who waits), Observe, ObserveLeader and
+// LeaderOf (the same for followers: who leads, and every change), and
+// Observer and WithLogger for what happens to the locks.
 //
 // # Compatibility
 //

@@ -52,6 +52,11 @@ var (
 	// another holder or waiter of the name uses a different limit (or the
 	// name's keys are not a Semaphore's). No key is left behind.
 	ErrLimitMismatch = errors.New("etcdlock: semaphore limit mismatch")
+
+	// ErrNoLeader is returned, wrapped with the lock's name, by LeaderOf
+	// when nobody holds the Mutex queue of the name: no Lead leads it, and
+	// no Mutex, concurrency.Mutex or etcdctl lock holds it.
+	ErrNoLeader = errors.New("etcdlock: no leader")
 )
 
 // validate returns the error that makes a call on the lock name impossible,

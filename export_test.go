@@ -39,3 +39,7 @@ func ticketAt(m *Mutex, rev int64) *ticket {
 	t.Ticket = queue.Held(m.s.conn, m.rule, m.key, rev)
 	return t
 }
+
+// FollowReread is how often Observe reads the queue again: the most a lost
+// watch event delays a change.
+const FollowReread = followReread

@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -31,25 +33,54 @@ type QueueEntry struct {
 // they are two locks: both queues are listed, holders first. Keys of locks
 // nested under the name ("name/sub") are not listed.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
+	entries, _, err := InspectAt(ctx, client, name)
+	return entries, err
+}
+
+// InspectAt is Inspect, and also returns the revision etcd read the queue
+// at: a watch of the prefix name+"/" from rev+1 misses no change that came
+// after the read. It returns the errors Inspect does, with rev 0.
+func InspectAt(ctx context.Context, client *clientv3.Client, name string) (entries []QueueEntry, rev int64, err error) {
 	switch {
 	case ctx == nil:
-		return nil, fmt.Errorf("%w: nil context", ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("%w: nil context", ErrInvalidArgument)
 	case client == nil:
-		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	case name == "":
-		return nil, ErrInvalidName
+		return nil, 0, ErrInvalidName
 	}
 	pfx := name + "/"
-	resp, err := client.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	resp, err := client.Get(ctx, pfx, clientv3.WithPrefix())
 	if err != nil {
-		return nil, errorf("inspect", name, err)
+		return nil, 0, errorf("inspect", name, err)
 	}
-	if resp == nil {
-		return nil, errorf("inspect", name, errMalformed)
+	if resp == nil || resp.Header == nil {
+		return nil, 0, errorf("inspect", name, errMalformed)
 	}
+	return queueOf(pfx, resp.Kvs), resp.Header.Revision, nil
+}
+
+// inQueue reports whether key is a key of a queue of the lock with prefix
+// pfx: a Mutex's or Semaphore's (pfx<id>), or an RWMutex's
+// (pfx"read/"<id>, pfx"write/"<id>); not a key of a lock nested under it.
+func inQueue(pfx string, key []byte) bool {
+	return queue.IsMember(pfx, key) || queue.IsMember(pfx+"read/", key) || queue.IsMember(pfx+"write/", key)
+}
+
+// queueOf returns the queue of the lock with prefix pfx, as Inspect orders
+// it, from keys under pfx in any order; keys not inQueue are left out. It
+// never returns nil, and does not change kvs.
+func queueOf(pfx string, kvs []*mvccpb.KeyValue) []QueueEntry {
+	// By create revision: the order of the queue. One Txn can put two keys
+	// at one revision; the key then decides, so that every read of one
+	// state gives one order.
+	kvs = slices.Clone(kvs)
+	slices.SortFunc(kvs, func(a, b *mvccpb.KeyValue) int {
+		return cmp.Or(cmp.Compare(a.CreateRevision, b.CreateRevision), bytes.Compare(a.Key, b.Key))
+	})
 	var plain, rw []QueueEntry
 	holders := 1 // a Mutex's holder is its oldest key; a Semaphore's, its limit oldest
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		e := QueueEntry{Key: string(kv.Key), Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision, Identity: string(kv.Value)}
 		switch {
 		case queue.IsMember(pfx, kv.Key):
@@ -92,5 +123,5 @@ func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]Queue
 	if entries == nil {
 		entries = []QueueEntry{}
 	}
-	return entries, nil
+	return entries
 }

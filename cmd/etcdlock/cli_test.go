@@ -31,6 +31,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"--help"}, nil, 0, "etcdlock run"},
 		{[]string{"help", "run"}, nil, 0, "--kill-grace"},
 		{[]string{"help", "holders"}, nil, 0, "no holder"},
+		{[]string{"holders", "-h"}, nil, 0, "--watch"},
 		{[]string{"help", "demo"}, nil, 0, "--workers"},
 		{[]string{"help", "frobnicate"}, nil, exitUsage, "unknown command"},
 		{[]string{"run", "-h"}, nil, 0, "ETCDLOCK_TOKEN"},

@@ -35,19 +35,32 @@ concurrency.Mutex and etcdctl lock), read and write (RWMutex, and etcd's
 recipe RWMutex), semaphore (several holders). Keys of other locks nested
 under NAME are not shown.
 
+With --watch, prints the same, then again after every change, each time
+after an empty line, until interrupted (SIGINT or SIGTERM, exit status 0).
+While etcd is unreachable it waits and retries; a change it could not see
+then is shown once etcd answers again.
+
 Exit statuses: 0 whether the lock is held or free; 64 usage; 69 etcd
 unreachable or refused us.
 `
 
-func newHoldersFlags() (*commandFlags, *connFlags) {
+// holdersOptions are the flags of holders.
+type holdersOptions struct {
+	watch bool
+	conn  connFlags
+}
+
+func newHoldersFlags() (*commandFlags, *holdersOptions) {
 	c := newCommandFlags("holders", "[flags] NAME", holdersAbout)
-	cf := &connFlags{}
-	cf.register(c, true)
-	return c, cf
+	o := &holdersOptions{}
+	c.BoolVar(&o.watch, "watch", false, "print the holders and waiters again after every change, until interrupted")
+	c.groups = append(c.groups, flagGroup{title: "Flags", names: []string{"watch"}})
+	o.conn.register(c, true)
+	return c, o
 }
 
 func holdersCommand(args []string, sio stdio) error {
-	fs, cf := newHoldersFlags()
+	fs, o := newHoldersFlags()
 	name, rest, err := fs.parseName(args)
 	if fs.showHelp(err, sio) {
 		return nil
@@ -58,10 +71,10 @@ func holdersCommand(args []string, sio stdio) error {
 	if len(rest) > 0 {
 		return usagef("holders", "unexpected argument %q after NAME", rest[0])
 	}
-	if err := cf.fromEnv(fs, sio.getenv); err != nil {
+	if err := o.conn.fromEnv(fs, sio.getenv); err != nil {
 		return err
 	}
-	cfg, err := cf.config("holders")
+	cfg, err := o.conn.config("holders")
 	if err != nil {
 		return err
 	}
@@ -73,9 +86,17 @@ func holdersCommand(args []string, sio stdio) error {
 		return err
 	}
 	defer cli.Close()
+	if o.watch {
+		watchQueue(ctx, cli, name, sio.out)
+		return nil
+	}
 	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	q, err := lockQueue(qctx, cli, name)
+	entries, err := etcdlock.Inspect(qctx, cli, name)
+	if err != nil {
+		return unavailable(cfg, err)
+	}
+	q, err := withTTLs(qctx, cli, entries)
 	if err != nil {
 		return unavailable(cfg, err)
 	}
@@ -83,19 +104,41 @@ func holdersCommand(args []string, sio stdio) error {
 	return nil
 }
 
+// watchQueue prints the queue of the lock name as etcdlock.Observe sends
+// it, the first one and each change after an empty line, until ctx ends.
+// A TTL that cannot be read within queryTimeout is shown as unknown.
+func watchQueue(ctx context.Context, cli *clientv3.Client, name string, w io.Writer) {
+	first := true
+	for entries := range etcdlock.Observe(ctx, cli, name) {
+		qctx, cancel := context.WithTimeout(ctx, queryTimeout)
+		q, err := withTTLs(qctx, cli, entries)
+		cancel()
+		if err != nil {
+			q = make([]queued, len(entries))
+			for i, e := range entries {
+				q[i] = queued{QueueEntry: e, ttl: ttlUnknown}
+			}
+		}
+		if !first {
+			fmt.Fprintln(w)
+		}
+		first = false
+		printQueue(w, q)
+	}
+}
+
 // queued is one key in a lock's queue, with what is left of its lease.
 type queued struct {
 	etcdlock.QueueEntry
-	ttl int64 // seconds left on the lease; -1 if it is gone
+	ttl int64 // seconds left on the lease; -1 if it is gone, ttlUnknown if it could not be read
 }
 
-// lockQueue returns the queue of the lock name, as etcdlock.Inspect reads
-// it: the holders first, then the waiters in the order they will be served.
-func lockQueue(ctx context.Context, cli *clientv3.Client, name string) ([]queued, error) {
-	entries, err := etcdlock.Inspect(ctx, cli, name)
-	if err != nil {
-		return nil, err
-	}
+// ttlUnknown is the ttl of a queued key whose lease could not be read.
+const ttlUnknown = -2
+
+// withTTLs returns the entries of a lock's queue, with the seconds left on
+// each one's lease.
+func withTTLs(ctx context.Context, cli *clientv3.Client, entries []etcdlock.QueueEntry) ([]queued, error) {
 	q := make([]queued, len(entries))
 	ttls := map[clientv3.LeaseID]int64{}
 	for i, e := range entries {
@@ -105,6 +148,7 @@ func lockQueue(ctx context.Context, cli *clientv3.Client, name string) ([]queued
 		}
 		ttl, ok := ttls[e.Lease]
 		if !ok {
+			var err error
 			if ttl, err = leaseTTL(ctx, cli, e.Lease); err != nil {
 				return nil, err
 			}
@@ -145,9 +189,13 @@ func printQueue(w io.Writer, q []queued) {
 		lease, ttl := "-", "-"
 		if e.Lease != clientv3.NoLease {
 			lease = fmt.Sprintf("%x", int64(e.Lease))
-			ttl = fmt.Sprintf("%ds", e.ttl)
-			if e.ttl < 0 {
+			switch {
+			case e.ttl == ttlUnknown:
+				ttl = "?"
+			case e.ttl < 0:
 				ttl = "expired"
+			default:
+				ttl = fmt.Sprintf("%ds", e.ttl)
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", role, e.Kind, printable(e.Key), e.Token, lease, ttl, showIdentity(e.Identity))

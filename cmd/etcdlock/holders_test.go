@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +40,13 @@ waiter 2  read   a/read/694d7f3c2a1b4e09  17     694d7f3c2a1b4e09  expired  late
 `
 	if out.String() != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", out.String(), want)
+	}
+
+	// holders --watch, when a TTL could not be read.
+	var unknown strings.Builder
+	printQueue(&unknown, []queued{{QueueEntry: etcdlock.QueueEntry{Key: "a/1", Token: 3, Lease: 1, Holds: true, Kind: etcdlock.KindMutex}, ttl: ttlUnknown}})
+	if rows := parseHolders(t, unknown.String()); len(rows) != 1 || rows[0][5] != "?" {
+		t.Fatalf("TTL not read: got %q, want ?", unknown.String())
 	}
 }
 
@@ -289,4 +297,85 @@ func TestHolders(t *testing.T) {
 		}
 		q.check(ep)
 	})
+}
+
+// TestHoldersWatch: etcdlock holders --watch prints the queue, then again
+// after every change, each after an empty line and in the format of
+// holders, until interrupted; it exits 0.
+func TestHoldersWatch(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := t.Context()
+	name := lockName(t)
+	p := startCLI(t, nil, "holders", "--watch", "--endpoints", srv.Endpoints()[0], name)
+	// blocks waits until the output has n queues, and returns them.
+	blocks := func(n int) []string {
+		t.Helper()
+		deadline := time.Now().Add(opTimeout)
+		for {
+			out := p.stdout.String()
+			if got := strings.Split(strings.TrimSuffix(out, "\n"), "\n\n"); strings.HasSuffix(out, "\n") && len(got) >= n {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("holders --watch: want %d queues, got:\n%s\nstderr:\n%s", n, out, p.stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	blocks(1)
+
+	a := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithIdentity("a")), name)
+	if err := a.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	blocks(2)
+	b := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithIdentity("b")), name)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	locked := make(chan error, 1)
+	go func() {
+		err := b.LockContext(bctx)
+		if err == nil {
+			// Ours to release: Mutex holds are per goroutine.
+			<-bctx.Done()
+			_ = b.UnlockContext(context.Background())
+		}
+		locked <- err
+	}()
+	blocks(3)
+	if err := a.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := blocks(4)
+
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(t)
+	r.want(t, 0)
+	if len(got) != 4 || got[0] != "no holder" {
+		t.Fatalf("holders --watch: got %d queues, the first %q; want 4, the first \"no holder\":\n%s", len(got), got[0], r.stdout)
+	}
+	for i, want := range [][]string{
+		{"holder a"},
+		{"holder a", "waiter 1 b"},
+		{"holder b"},
+	} {
+		rows := parseHolders(t, got[i+1])
+		var roles []string
+		for _, row := range rows {
+			roles = append(roles, row[0]+" "+row[6])
+			if row[1] != "mutex" || !strings.HasPrefix(row[2], name+"/") || !strings.HasSuffix(row[5], "s") {
+				t.Errorf("queue %d: row %q: want a mutex key of %s with a TTL", i+2, row, name)
+			}
+		}
+		if strings.Join(roles, ", ") != strings.Join(want, ", ") {
+			t.Errorf("queue %d: got %q, want %q", i+2, roles, want)
+		}
+	}
+	cancel()
+	if err := <-locked; err != nil {
+		t.Errorf("b's lock: %v", err)
+	}
 }

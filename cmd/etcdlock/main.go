@@ -3,7 +3,7 @@
 // an embedded etcd.
 //
 //	etcdlock run [flags] NAME -- COMMAND [ARGS...]
-//	etcdlock holders [flags] NAME
+//	etcdlock holders [--watch] [flags] NAME
 //	etcdlock demo [flags]
 //
 // Its locks are those of the etcdlock package, of etcd's concurrency.Mutex
@@ -126,7 +126,8 @@ const mainUsage = `etcdlock: a distributed lock on etcd.
 
 Usage:
   etcdlock run [flags] NAME -- COMMAND [ARGS...]  run COMMAND while holding the lock NAME
-  etcdlock holders [flags] NAME                   show who holds the lock NAME, and who waits
+  etcdlock holders [flags] NAME                   show who holds the lock NAME, and who waits;
+                                                  with --watch, again after every change
   etcdlock demo [flags]                           a self-checking demo on an embedded etcd
   etcdlock help [COMMAND]                         this help, or the flags of COMMAND
 
