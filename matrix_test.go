@@ -241,7 +241,12 @@ func newScopeActor() *scopeActor {
 func (a *scopeActor) f(ctx context.Context) error {
 	h, _ := etcdlock.HeldFrom(ctx)
 	a.mu.Lock()
-	a.held, a.fctx = h, ctx
+	if a.fctx == nil {
+		// The hold under test is the first: Lead may lead again, on a new
+		// Session, once the first term's hold is lost, before the case
+		// looks at it.
+		a.held, a.fctx = h, ctx
+	}
 	a.mu.Unlock()
 	a.started <- struct{}{}
 	select {
