@@ -32,6 +32,12 @@ import (
 // lock, closes its Session and panics again. The Session it made is closed
 // on every way out.
 //
+// A Session that cannot be made (etcd unreachable, say) is tried again with
+// backoff (50 ms doubling to 1 s); each failure is reported to the
+// observers of WithObserver and WithLogger as a SessionFailed event, from
+// Lead's own goroutine (there is no Session to deliver it). Campaigns that
+// fail on a Session are reported as every acquisition is.
+//
 // The options are those of NewSession (WithTTL, WithIdentity, ...), except
 // two that Lead refuses with ErrInvalidArgument, before it runs f: WithLease,
 // since Lead makes a new Session on a new lease when the lease is gone and
@@ -49,7 +55,8 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 	case name == "":
 		return ErrInvalidName
 	}
-	switch o := options(opts); {
+	o := options(opts)
+	switch {
 	case o.err != nil:
 		return o.err
 	case o.lease != clientv3.NoLease:
@@ -67,6 +74,15 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 		// release the lock, while f may still run.
 		s, err := newSession(ctx, client, opts...)
 		if err != nil {
+			if ctx.Err() == nil {
+				// No Session, so no dispatch: the observers hear it from
+				// Lead's own goroutine, so that an endpoint that never
+				// answers does not look like a backup never elected.
+				e := Event{Kind: SessionFailed, Time: time.Now(), Lock: name, Primitive: KindMutex, Err: err}
+				for _, ob := range o.observers {
+					ob.Observe(e)
+				}
+			}
 			if err := retry.wait(ctx); err != nil {
 				return err
 			}

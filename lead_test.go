@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/syncbuf"
 )
 
 // A leaderLog records the terms of candidates' f, and checks the rule that
@@ -354,5 +357,71 @@ func TestLeadPacesShortTerms(t *testing.T) {
 	}
 	if keys := lockKeys(t, client, name); len(keys) != 0 {
 		t.Errorf("keys after Lead returned: got %q, want none", keys)
+	}
+}
+
+// TestLeadReportsSessionFailures: with etcd unreachable, Lead cannot make a
+// Session; each failure reaches the observers and the logger as
+// SessionFailed, so that a wrong endpoint does not look like a backup that
+// is never elected. Once etcd is back, Lead leads.
+func TestLeadReportsSessionFailures(t *testing.T) {
+	_, proxied, proxy := startProxied(t)
+	name := lockName(t)
+	proxy.Blackhole()
+
+	var mu sync.Mutex
+	var failures []etcdlock.Event
+	var logged syncbuf.Buffer
+	observer := etcdlock.ObserverFunc(func(e etcdlock.Event) {
+		if e.Kind == etcdlock.SessionFailed {
+			mu.Lock()
+			failures = append(failures, e)
+			mu.Unlock()
+		}
+	})
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	led := make(chan struct{}, 1)
+	done := result(func() error {
+		return etcdlock.Lead(ctx, proxied, name, func(ctx context.Context) error {
+			select {
+			case led <- struct{}{}:
+			default:
+			}
+			<-ctx.Done()
+			return nil
+		}, etcdlock.WithTTL(2*time.Second), etcdlock.WithObserver(observer),
+			etcdlock.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+	})
+	// One attempt is bounded by the Session's 5 s setup timeout: 2x slack.
+	start := time.Now()
+	eventually(t, "a SessionFailed event", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(failures) > 0 || time.Since(start) > 10*time.Second
+	})
+	mu.Lock()
+	got := slices.Clone(failures)
+	mu.Unlock()
+	if len(got) == 0 {
+		t.Fatal("no SessionFailed event within 10 s of Lead's start with etcd unreachable")
+	}
+	t.Logf("first SessionFailed %v after Lead's start: %v", got[0].Time.Sub(start).Round(time.Millisecond), got[0].Err)
+	if e := got[0]; e.Lock != name || e.Primitive != etcdlock.KindMutex || e.Err == nil {
+		t.Errorf("SessionFailed event %+v: want Lock %q, Primitive mutex, an Err", e, name)
+	}
+	if !strings.Contains(logged.String(), "no session; retrying") {
+		t.Errorf("the logger did not say so: %q", logged.String())
+	}
+
+	proxy.Unblackhole()
+	select {
+	case <-led:
+	case <-time.After(testTimeout):
+		t.Fatal("Lead did not lead once etcd was back")
+	}
+	cancel()
+	if err := waitErr(t, done); !errors.Is(err, context.Canceled) {
+		t.Errorf("Lead = %v, want context.Canceled", err)
 	}
 }

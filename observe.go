@@ -52,6 +52,7 @@ const (
 	KeptAlive      EventKind = "kept_alive"      // a keep-alive round trip: RTT, Margin, TTL, Err
 	EventsDropped  EventKind = "events_dropped"  // Dropped events were lost: the Observer was too slow
 	SessionClosed  EventKind = "session_closed"  // Close was called, or the WithContext context ended: the Session's holds have ended; the last event
+	SessionFailed  EventKind = "session_failed"  // Lead could not make a Session (etcd unreachable, say) and will try again: Lock, Err
 )
 
 // An Outcome is how an acquisition ended.
@@ -323,6 +324,8 @@ func (o logObserver) Observe(e Event) {
 		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: kept alive", attrs...)
 	case EventsDropped:
 		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: events dropped: an observer is too slow", slog.Int("dropped", e.Dropped))
+	case SessionFailed:
+		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: lead: no session; retrying", slog.String("lock", e.Lock), slog.String("error", e.Err.Error()))
 	case SessionClosed:
 		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: session closed", slog.String("lease", fmt.Sprintf("%x", e.Lease)))
 	default:
