@@ -93,23 +93,23 @@ func (s *sightings[T]) closes(t *testing.T, what string, at time.Time, bound tim
 // observeQueue runs Observe of name on client until the test ends, and
 // records what it sends.
 func observeQueue(t *testing.T, client *clientv3.Client, name string) *sightings[[]etcdlock.QueueEntry] {
-	ctx, cancel := context.WithCancel(context.Background())
-	s := record(etcdlock.Observe(ctx, client, name))
-	t.Cleanup(func() {
-		cancel()
-		s.closes(t, "Observe at the end of the test", time.Now(), testTimeout)
-	})
-	return s
+	return following(t, "Observe", func(ctx context.Context) <-chan []etcdlock.QueueEntry { return etcdlock.Observe(ctx, client, name) })
 }
 
 // observeLeader runs ObserveLeader of name on client until the test ends,
 // and records what it sends.
 func observeLeader(t *testing.T, client *clientv3.Client, name string) *sightings[etcdlock.QueueEntry] {
+	return following(t, "ObserveLeader", func(ctx context.Context) <-chan etcdlock.QueueEntry { return etcdlock.ObserveLeader(ctx, client, name) })
+}
+
+// following runs follow until the test ends, records what it sends, and
+// checks at the end that its channel closes.
+func following[T any](t *testing.T, what string, follow func(ctx context.Context) <-chan T) *sightings[T] {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := record(etcdlock.ObserveLeader(ctx, client, name))
+	s := record(follow(ctx))
 	t.Cleanup(func() {
 		cancel()
-		s.closes(t, "ObserveLeader at the end of the test", time.Now(), testTimeout)
+		s.closes(t, what+" at the end of the test", time.Now(), testTimeout)
 	})
 	return s
 }
