@@ -9,9 +9,7 @@ import (
 // Queued returns how many goroutines of this process wait for their turn on
 // the lock name of s.
 func Queued(s *Session, name string) int {
-	processLocks.mu.Lock()
-	st := processLocks.locks[lockOf{s, name}]
-	processLocks.mu.Unlock()
+	st := mutexState(s, name, false)
 	if st == nil {
 		return 0
 	}

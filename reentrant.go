@@ -9,24 +9,15 @@ import (
 	"github.com/petermattis/goid"
 )
 
-// processLocks is this process's records of what it holds or awaits, one per
-// lock of a Session: only this file reads or writes it. The records are
-// guarded by their own mutexes, which may be taken under processLocks.mu, never
-// the other way round. A record is removed once idle, so a Session leaves
-// nothing here once it holds and awaits nothing.
-var processLocks tables
-
-type tables struct {
-	mu      sync.Mutex
-	locks   map[lockOf]*lockState // one record per Mutex of a Session, shared by all its handles
-	rwlocks map[lockOf]*rwState   // one record per RWMutex of a Session
-}
-
-// A lockOf names a lock of one Session.
-type lockOf struct {
-	s    *Session
-	name string
-}
+// A Session's records of what this process holds or awaits, one per lock
+// name, live in its records map, which only this file reads or writes: a
+// *lockState under a mutexName, an *rwState under an rwMutexName. A record
+// is removed once idle (under its own mutex, and only if it is still the
+// one in the map), and goes with its Session.
+type (
+	mutexName   string
+	rwMutexName string
+)
 
 // lockState is what this process knows of one Mutex name on one Session. All
 // Mutex handles of that name and Session share it, so that they are one lock:
@@ -35,7 +26,7 @@ type lockOf struct {
 // takes part in etcd's queue, so N goroutines cost etcd one key, not N.
 //
 // This file is the only one that reads or writes a lockState's fields. A
-// record lives in processLocks while anything uses it; once idle it is
+// record lives in its Session's records while anything uses it; once idle it is
 // retired and removed, and handles that still point to it fetch a new one.
 type lockState struct {
 	s    *Session
@@ -128,18 +119,12 @@ const (
 // create is set; nil if there is none, which means that nothing in this
 // process holds or awaits the lock.
 func mutexState(s *Session, name string, create bool) *lockState {
-	processLocks.mu.Lock()
-	defer processLocks.mu.Unlock()
-	k := lockOf{s, name}
-	st := processLocks.locks[k]
-	if st == nil && create {
-		st = &lockState{s: s, name: name}
-		if processLocks.locks == nil {
-			processLocks.locks = make(map[lockOf]*lockState)
-		}
-		processLocks.locks[k] = st
+	if v, ok := s.records.Load(mutexName(name)); ok || !create {
+		st, _ := v.(*lockState)
+		return st
 	}
-	return st
+	v, _ := s.records.LoadOrStore(mutexName(name), &lockState{s: s, name: name})
+	return v.(*lockState)
 }
 
 // enter starts an acquisition by the calling goroutine, with ctx: a re-lock
@@ -287,13 +272,10 @@ func (st *lockState) passTurn() {
 	st.busy = false
 	st.mu.Unlock()
 
-	processLocks.mu.Lock()
-	defer processLocks.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if k := (lockOf{st.s, st.name}); !st.busy && len(st.queue) == 0 && processLocks.locks[k] == st {
+	if !st.busy && len(st.queue) == 0 && !st.retired.Load() && st.s.records.CompareAndDelete(mutexName(st.name), st) {
 		st.retired.Store(true)
-		delete(processLocks.locks, k)
 	}
 }
 
@@ -355,18 +337,12 @@ type rwHold struct {
 // it if create is set; nil if there is none: nothing in this process holds
 // the lock.
 func rwMutexState(s *Session, name string, create bool) *rwState {
-	processLocks.mu.Lock()
-	defer processLocks.mu.Unlock()
-	k := lockOf{s, name}
-	st := processLocks.rwlocks[k]
-	if st == nil && create {
-		st = &rwState{s: s, name: name, readers: make(map[int64]*rwHold)}
-		if processLocks.rwlocks == nil {
-			processLocks.rwlocks = make(map[lockOf]*rwState)
-		}
-		processLocks.rwlocks[k] = st
+	if v, ok := s.records.Load(rwMutexName(name)); ok || !create {
+		st, _ := v.(*rwState)
+		return st
 	}
-	return st
+	v, _ := s.records.LoadOrStore(rwMutexName(name), &rwState{s: s, name: name, readers: make(map[int64]*rwHold)})
+	return v.(*rwState)
 }
 
 // enter starts an acquisition by the calling goroutine: it reports whether
@@ -453,13 +429,10 @@ func (st *rwState) leave(write bool) (departure, *rwHold) {
 
 // retire removes the record from the Session if nothing holds it.
 func (st *rwState) retire() {
-	processLocks.mu.Lock()
-	defer processLocks.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if k := (lockOf{st.s, st.name}); st.writer == 0 && len(st.readers) == 0 && processLocks.rwlocks[k] == st {
+	if st.writer == 0 && len(st.readers) == 0 && !st.retired && st.s.records.CompareAndDelete(rwMutexName(st.name), st) {
 		st.retired = true
-		delete(processLocks.rwlocks, k)
 	}
 }
 

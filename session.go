@@ -43,9 +43,10 @@ type Session struct {
 	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
 	lastAck atomic.Int64
 
-	seq atomic.Int64 // makes the keys of RWMutex and Semaphore holds unique
+	seq     atomic.Int64 // makes the keys of RWMutex and Semaphore holds unique
+	records sync.Map     // what this process holds or awaits, a record per lock name (reentrant.go's alone)
 	// bgMu guards closing and bg.Go, and nothing else: goBackground is
-	// called with a hold's mutex held, which may be taken under processLocks' mutex.
+	// called with a hold's mutex held, which may be taken under a record's.
 	bgMu    sync.Mutex
 	closing bool           // no new background work once set
 	bg      sync.WaitGroup // background goroutines: keep-alive reader, cleanups, hold monitors
