@@ -242,7 +242,7 @@ func (f *follower[T]) apply(events []*clientv3.Event) {
 	if len(events) == 0 {
 		return
 	}
-	queued := false
+	touched := false
 	for _, ev := range events {
 		if ev.Kv == nil {
 			continue
@@ -256,9 +256,9 @@ func (f *follower[T]) apply(events []*clientv3.Event) {
 		default:
 			f.keys[string(ev.Kv.Key)] = ev.Kv
 		}
-		queued = true
+		touched = true
 	}
-	if queued {
+	if touched {
 		f.changed()
 	}
 }
