@@ -26,6 +26,30 @@
 //		}
 //	}
 //
+// A package of many tests, most of them parallel, can share one server
+// instead: Shared gives each test a Namespace, a client whose keys live
+// under a prefix of the test's own (go.etcd.io/etcd/client/v3/namespace for
+// KV, Watcher and Lease), so that parallel tests cannot see or disturb each
+// other's keys; the test's keys are deleted and its leases revoked when it
+// ends. The server starts with the first Shared call and stops after the
+// tests, which the package's TestMain runs through Main:
+//
+//	func TestMain(m *testing.M) {
+//		goleak.VerifyTestMain(etcdtest.Main(m))
+//	}
+//
+//	func TestWorker(t *testing.T) {
+//		t.Parallel()
+//		cli := etcdtest.Shared(t).Client // keys under the test's own prefix
+//		s, err := etcdlock.NewSession(cli)
+//		...
+//	}
+//
+// etcdlock's locks, Inspect and Lead work through such a client, with their
+// keys under the prefix. 200 parallel tests that each take a lock run in
+// about 1 s on one shared server and about 9 s with a server each (see
+// docs/benchmarks.md).
+//
 // New starts a single-member server without a testing.TB, for Example
 // functions and programs such as a demo; its caller calls Close, which stops
 // etcd and removes its data. The package's Example functions use it.
@@ -39,6 +63,7 @@
 // for every etcd in the test binary: with the default, stopped clusters leave
 // connections and goroutines behind for up to 5 s.
 //
-// What it does not do: it never fakes etcd, it keeps no state between tests,
+// What it does not do: it never fakes etcd, it keeps no state between tests
+// (except the keys of a Namespace until its test ends),
 // and it gives no timing guarantee beyond "ready when Start returns".
 package etcdtest
