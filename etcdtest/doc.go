@@ -50,6 +50,20 @@
 // about 1 s on one shared server and about 9 s with a server each (see
 // docs/benchmarks.md).
 //
+// Any etcd: with the environment variable ETCDTEST_ENDPOINTS set to client
+// URLs (and ETCDTEST_CACERT, ETCDTEST_CERT, ETCDTEST_KEY for TLS, as
+// etcdctl's --cacert, --cert, --key), Start, New, StartCluster and Shared
+// start nothing and use that etcd: a real cluster, another version, or one
+// started by hand. Each Server and Cluster then hands out clients under a
+// prefix of its own, which its Close deletes, as Shared does per test; a
+// client the code under test makes from Endpoints is not under it. What
+// only an embedded etcd can do skips the test, saying why: Cluster's Stop,
+// Kill, Restart, Lag, CatchUp and Leader, StartCluster with more members
+// than endpoints, WithFsync, and WithTLS without TLS in the environment.
+// ProxiedClient works, since its proxies are the client's own.
+//
+//	ETCDTEST_ENDPOINTS=http://10.0.0.5:2379 go test ./...
+//
 // New starts a single-member server without a testing.TB, for Example
 // functions and programs such as a demo; its caller calls Close, which stops
 // etcd and removes its data. The package's Example functions use it.

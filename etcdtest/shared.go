@@ -55,30 +55,46 @@ var shared sharedServer
 type sharedServer struct {
 	mu     sync.Mutex
 	main   bool    // TestMain runs the tests through Main
-	srv    *Server // nil until the first Shared
-	admin  *clientv3.Client
-	err    error // why the server could not start; Shared fails on it
+	srv    *Server // started by the first Shared; nil on an external etcd
+	ext    *external
+	admin  *clientv3.Client // nil until the first Shared
+	err    error            // why the server could not start; Shared fails on it
 	prefix string
 	next   atomic.Int64
 }
 
-// get returns the server and a client of all of its keys, starting them
+// get returns a client of all the shared etcd's keys, starting the server
 // if need be.
-func (s *sharedServer) get() (*Server, *clientv3.Client, error) {
+func (s *sharedServer) get() (*clientv3.Client, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.main {
-		return nil, nil, errors.New("etcdtest: Shared needs the tests run through etcdtest.Main, which stops the shared server: " +
+		return nil, errors.New("etcdtest: Shared needs the tests run through etcdtest.Main, which stops the shared server: " +
 			"func TestMain(m *testing.M) { goleak.VerifyTestMain(etcdtest.Main(m)) }")
 	}
-	if s.srv == nil && s.err == nil {
-		s.srv, s.err = New()
-		if s.err == nil {
-			s.admin, s.err = s.srv.NewClient()
-		}
+	if s.admin == nil && s.err == nil {
 		s.prefix = "etcdtest/" + rand.Text()[:10] + "/"
+		s.ext, s.err = externalEtcd()
+		switch {
+		case s.err != nil:
+		case s.ext != nil:
+			s.admin, s.err = newClient(s.ext.endpoints, buildOptions(nil), s.ext.certs)
+		default:
+			s.srv, s.err = New()
+			if s.err == nil {
+				s.admin, s.err = s.srv.NewClient()
+			}
+		}
 	}
-	return s.srv, s.admin, s.err
+	return s.admin, s.err
+}
+
+// newClient returns a new client of the shared etcd, outside any prefix.
+func (s *sharedServer) newClient() (*clientv3.Client, error) {
+	if s.ext != nil {
+		return newClient(s.ext.endpoints, buildOptions(nil), s.ext.certs)
+	}
+	return s.srv.NewClient()
 }
 
 func (s *sharedServer) close() {
@@ -86,8 +102,10 @@ func (s *sharedServer) close() {
 	defer s.mu.Unlock()
 	if s.srv != nil {
 		s.srv.Close() // closes admin and every Namespace's client
+	} else if s.admin != nil {
+		s.admin.Close()
 	}
-	s.srv, s.admin, s.err = nil, nil, nil
+	s.srv, s.ext, s.admin, s.err = nil, nil, nil, nil
 }
 
 // A Namespace is a test's share of an etcd that other tests use at the same
@@ -110,7 +128,8 @@ type Namespace struct {
 // Shared returns a new Namespace on the package's shared server: one
 // single-member etcd, started by the first call and stopped after the tests
 // by Main, which Shared needs (it calls tb.Fatal without it, or if the
-// server does not start). Tests that call it may run in parallel: each has
+// server does not start). Under ETCDTEST_ENDPOINTS the shared server is the
+// external etcd, which Main leaves running. Tests that call it may run in parallel: each has
 // its own prefix and its own client.
 //
 // When the test ends, tb.Cleanup revokes the leases granted through the
@@ -124,12 +143,12 @@ type Namespace struct {
 // its server (ProxiedClient, StartCluster) wants a server of its own.
 func Shared(tb testing.TB) *Namespace {
 	tb.Helper()
-	srv, admin, err := shared.get()
+	admin, err := shared.get()
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
 	prefix := fmt.Sprintf("%s%d/", shared.prefix, shared.next.Add(1))
-	c, err := srv.NewClient()
+	c, err := shared.newClient()
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
