@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/rafthttp"
+	"go.etcd.io/etcd/server/v3/storage/wal"
 )
 
 // leaderWait bounds how long Leader waits for the members to agree.
@@ -29,10 +30,18 @@ const leaderWait = 5 * time.Second
 // often than it expires.
 const peerReadTimeout = 250 * time.Millisecond
 
-// The timeout is a process-wide setting of etcd, read when a member starts,
-// hence set before any test runs.
+// walSegmentBytes replaces etcd's 64 MB write-ahead log segment. Every member
+// preallocates a segment and a spare one, 128 MB with the default, on
+// TMPDIR's disk, or in memory where that is a tmpfs; a test writes a small
+// part of that. A member that fills a segment cuts to the spare and
+// preallocates the next, a few milliseconds every ~4 MB of writes.
+const walSegmentBytes = 4 * 1000 * 1000
+
+// The timeout and the segment size are process-wide settings of etcd, read
+// when a member starts, hence set before any test runs.
 func init() {
 	rafthttp.ConnReadTimeout = peerReadTimeout
+	wal.SegmentSizeBytes = walSegmentBytes
 }
 
 // A Cluster is an etcd cluster of several members running in the test's
