@@ -27,7 +27,7 @@ func newSharedSession(t *testing.T) (*etcdtest.Namespace, *etcdlock.Session) {
 
 // checkUnderPrefix checks that every key of the lock name, as Inspect of
 // the namespaced client reports it, is stored under the namespace's prefix
-// and nowhere else.
+// and nowhere else, where Inspect of a plain client finds it too.
 func checkUnderPrefix(t *testing.T, ns *etcdtest.Namespace, name string, holders int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
@@ -52,6 +52,12 @@ func checkUnderPrefix(t *testing.T, ns *etcdtest.Namespace, name string, holders
 		if err != nil || len(resp.Kvs) != 1 {
 			t.Fatalf("raw get %s%s: got %v (%v), want the key", ns.Prefix, e.Key, resp, err)
 		}
+	}
+	// Outside the namespace, as etcdlock holders sees it, the lock is
+	// called Prefix+name.
+	outside, err := etcdlock.Inspect(ctx, raw, ns.Prefix+name)
+	if err != nil || len(outside) != holders {
+		t.Fatalf("inspect %s%s outside the namespace: got %d entries (%v), want %d", ns.Prefix, name, len(outside), err, holders)
 	}
 	resp, err := raw.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil || resp.Count != 0 {

@@ -46,7 +46,9 @@
 //	}
 //
 // etcdlock's locks, Inspect and Lead work through such a client, with their
-// keys under the prefix. 200 parallel tests that each take a lock run in
+// keys under the prefix; from outside it (etcdlock holders, etcdctl) a lock
+// called name is called Prefix+name. TestExampleShared in example_test.go
+// shares the server between parallel subtests. 200 parallel tests that each take a lock run in
 // about 1 s on one shared server and about 9 s with a server each (see
 // docs/benchmarks.md).
 //
