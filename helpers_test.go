@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(v3lockServerEnv) == "1" {
 		runV3lockServer()
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(etcdtest.Main(m)) // etcdtest.Main stops the server of namespace_test.go
 }
 
 // testTimeout bounds every wait of a test: generous, since CI machines are

@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/rafthttp"
+	"go.etcd.io/etcd/server/v3/storage/wal"
 )
 
 // leaderWait bounds how long Leader waits for the members to agree.
@@ -29,10 +30,18 @@ const leaderWait = 5 * time.Second
 // often than it expires.
 const peerReadTimeout = 250 * time.Millisecond
 
-// The timeout is a process-wide setting of etcd, read when a member starts,
-// hence set before any test runs.
+// walSegmentBytes replaces etcd's 64 MB write-ahead log segment. Every member
+// preallocates a segment and a spare one, 128 MB with the default, on
+// TMPDIR's disk, or in memory where that is a tmpfs; a test writes a small
+// part of that. A member that fills a segment cuts to the spare and
+// preallocates the next, a few milliseconds every ~4 MB of writes.
+const walSegmentBytes = 4 * 1000 * 1000
+
+// The timeout and the segment size are process-wide settings of etcd, read
+// when a member starts, hence set before any test runs.
 func init() {
 	rafthttp.ConnReadTimeout = peerReadTimeout
+	wal.SegmentSizeBytes = walSegmentBytes
 }
 
 // A Cluster is an etcd cluster of several members running in the test's
@@ -53,6 +62,8 @@ type Cluster struct {
 	once  sync.Once
 	lag   *lagState
 
+	ext *external // under ETCDTEST_ENDPOINTS, in place of the members
+
 	mu      sync.Mutex
 	members []*member
 	proxies []*peerProxy // in front of the members' peer listeners, in member order
@@ -68,12 +79,35 @@ type Cluster struct {
 // know its peers' URLs in advance, and stay taken while a member is stopped.
 // If another socket takes one in the moment between, StartCluster retries
 // with new ports, at most three times in all, and Restart fails the test.
+//
+// Under ETCDTEST_ENDPOINTS, StartCluster starts nothing and the Cluster is
+// the external etcd: its Endpoints, and clients under a prefix of their own
+// as with a Server on an external etcd. StartCluster skips the test if the
+// external etcd has fewer than n endpoints, and Stop, Kill, Restart, Lag,
+// CatchUp and Leader skip it, saying why.
 func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 	tb.Helper()
 	if n < 1 {
 		panic(fmt.Sprintf("etcdtest: StartCluster with %d members", n))
 	}
 	c := &Cluster{tb: tb, o: buildOptions(opts), lag: newLagState(n)}
+	if ext := useExternal(tb, c.o); ext != nil {
+		if len(ext.endpoints) < n {
+			tb.Skipf("etcdtest: StartCluster(%d) needs %d endpoints; %s has %d", n, n, EnvEndpoints, len(ext.endpoints))
+		}
+		sc, err := newScope(ext, c.o)
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		c.o.scope, c.certs, c.ext = sc, ext.certs, ext
+		tb.Cleanup(func() {
+			c.Close()
+			if err := sc.close(); err != nil {
+				tb.Errorf("%v", err)
+			}
+		})
+		return c
+	}
 	scheme := "http"
 	if c.o.tls {
 		crt, err := newCerts(tb.TempDir(), c.o.clientCertAuth)
@@ -158,8 +192,12 @@ func (c *Cluster) startMembers(tb testing.TB, n int, scheme string) error {
 	return nil
 }
 
-// Members returns the number of members, running or not.
+// Members returns the number of members, running or not; on an external
+// etcd, the number of its endpoints.
 func (c *Cluster) Members() int {
+	if c.ext != nil {
+		return len(c.ext.endpoints)
+	}
 	return len(c.members)
 }
 
@@ -167,6 +205,9 @@ func (c *Cluster) Members() int {
 // http://127.0.0.1:40123 (https under WithTLS), including stopped members.
 // They do not change on Restart.
 func (c *Cluster) Endpoints() []string {
+	if c.ext != nil {
+		return append([]string(nil), c.ext.endpoints...)
+	}
 	eps := make([]string, len(c.members))
 	for i, m := range c.members {
 		eps[i] = m.endpoint
@@ -204,6 +245,10 @@ func (c *Cluster) ProxiedClient(tb testing.TB) (*clientv3.Client, *Proxy) {
 // of members run. Members that lag (Lag) are not asked: they cannot hear the
 // leader. The answer may be stale as soon as it is returned.
 func (c *Cluster) Leader() int {
+	if c.ext != nil {
+		c.tb.Helper()
+		skipFault(c.tb, "Cluster.Leader")
+	}
 	deadline := time.Now().Add(leaderWait)
 	for {
 		c.mu.Lock()
@@ -253,6 +298,10 @@ func (c *Cluster) runningLocked() int {
 
 // member returns member i, or panics.
 func (c *Cluster) member(method string, i int) *member {
+	if c.ext != nil {
+		c.tb.Helper()
+		skipFault(c.tb, "Cluster."+method)
+	}
 	if i < 0 || i >= len(c.members) {
 		panic(fmt.Sprintf("etcdtest: %s(%d) of a %d-member cluster", method, i, len(c.members)))
 	}

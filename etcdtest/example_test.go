@@ -132,3 +132,25 @@ func TestExampleStartCluster(t *testing.T) {
 	}
 	cluster.Restart(leader)
 }
+
+// TestExampleShared shares the package's server between parallel subtests,
+// each with its own namespace: both write "greeting" and read their own.
+// The package's TestMain runs the tests through etcdtest.Main.
+func TestExampleShared(t *testing.T) {
+	for _, greeting := range []string{"hello", "bonjour"} {
+		t.Run(greeting, func(t *testing.T) {
+			t.Parallel()
+			cli := etcdtest.Shared(t).Client // keys under the subtest's own prefix
+			if _, err := cli.Put(t.Context(), "greeting", greeting); err != nil {
+				t.Fatalf("put: got %v, want nil", err)
+			}
+			resp, err := cli.Get(t.Context(), "greeting")
+			if err != nil {
+				t.Fatalf("get: got %v, want nil", err)
+			}
+			if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != greeting {
+				t.Fatalf("get: got %v, want greeting=%s", resp.Kvs, greeting)
+			}
+		})
+	}
+}

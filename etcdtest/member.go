@@ -270,5 +270,8 @@ func newClient(endpoints []string, o *options, crt *certs, dopts ...grpc.DialOpt
 	if err != nil {
 		return nil, fmt.Errorf("etcdtest: new client: %w", err)
 	}
+	if o.scope != nil {
+		o.scope.wrap(c)
+	}
 	return c, nil
 }

@@ -13,6 +13,8 @@ type options struct {
 	clientCertAuth bool
 	fsync          bool
 	logger         *zap.Logger
+
+	scope *scope // on an external etcd: the prefix of the clients handed out
 }
 
 type optionFunc func(*options)

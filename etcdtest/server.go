@@ -21,6 +21,17 @@ import (
 // instead of 2 s) and no fsync (unless WithFsync), which only matters if the
 // machine crashes.
 //
+// On an external etcd, named by the environment variable ETCDTEST_ENDPOINTS
+// (with ETCDTEST_CACERT, ETCDTEST_CERT and ETCDTEST_KEY for TLS), a Server
+// starts nothing: Endpoints and TLS are those of that etcd, and the clients
+// it hands out (Client, NewClient, ProxiedClient, NewProxiedClient) live
+// under a prefix of the Server's own, such as "etcdtest/K3XV7A2QDM/", as a
+// Namespace does; Close revokes their leases and deletes that prefix. A
+// client made from Endpoints by the code under test is not under the
+// prefix: it sees, and leaves, the whole etcd's keys. Options that need
+// an embedded etcd (WithFsync; WithTLS or WithClientCertAuth when the
+// environment gives no TLS) skip the test under Start.
+//
 // A Server is safe for concurrent use.
 type Server struct {
 	o     *options
@@ -30,6 +41,8 @@ type Server struct {
 	once  sync.Once
 
 	removeDir string // removed by Close: the data of a Server from New
+
+	ext *external // under ETCDTEST_ENDPOINTS, in place of m
 }
 
 // Start starts a single-member etcd on 127.0.0.1 and returns once it is ready
@@ -40,14 +53,41 @@ type Server struct {
 //
 // The client and peer listeners use ports chosen by the kernel; there are no
 // metrics, pprof or HTTP/JSON gateway listeners.
+//
+// Under ETCDTEST_ENDPOINTS, Start starts nothing: see Server on an external
+// etcd.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	s, err := start(buildOptions(opts), tb.TempDir(), tb.TempDir())
+	o := buildOptions(opts)
+	if ext := useExternal(tb, o); ext != nil {
+		s, err := startExternal(ext, o)
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		tb.Cleanup(func() {
+			if err := s.close(); err != nil {
+				tb.Errorf("%v", err)
+			}
+		})
+		return s
+	}
+	s, err := start(o, tb.TempDir(), tb.TempDir())
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
 	tb.Cleanup(s.Close)
 	return s
+}
+
+// startExternal returns a Server on the external etcd, whose clients live
+// under a prefix of its own.
+func startExternal(ext *external, o *options) (*Server, error) {
+	sc, err := newScope(ext, o)
+	if err != nil {
+		return nil, err
+	}
+	o.scope = sc
+	return &Server{o: o, certs: ext.certs, ext: ext}, nil
 }
 
 // New starts a single-member etcd like Start, for code that has no
@@ -57,7 +97,21 @@ func Start(tb testing.TB, opts ...Option) *Server {
 // NewClient are closed by it. If etcd fails to start or is not ready within
 // 30 s, New returns an error and leaves nothing running and no directory
 // behind.
+//
+// Under ETCDTEST_ENDPOINTS, New starts nothing, like Start, and returns an
+// error if opts ask for what the external etcd does not give.
 func New(opts ...Option) (*Server, error) {
+	o := buildOptions(opts)
+	ext, err := externalEtcd()
+	if err != nil {
+		return nil, err
+	}
+	if ext != nil {
+		if reason := ext.unfit(o); reason != "" {
+			return nil, fmt.Errorf("etcdtest: %s, which %s does not give", reason, EnvEndpoints)
+		}
+		return startExternal(ext, o)
+	}
 	root, err := os.MkdirTemp("", "etcdtest-")
 	if err != nil {
 		return nil, fmt.Errorf("etcdtest: temp dir: %w", err)
@@ -69,7 +123,7 @@ func New(opts ...Option) (*Server, error) {
 			return nil, fmt.Errorf("etcdtest: temp dir: %w", err)
 		}
 	}
-	s, err := start(buildOptions(opts), certDir, dataDir)
+	s, err := start(o, certDir, dataDir)
 	if err != nil {
 		os.RemoveAll(root)
 		return nil, err
@@ -119,6 +173,9 @@ func start(o *options, certDir, dataDir string) (*Server, error) {
 // with the member list (clientv3.Config.AutoSyncInterval, Client.Sync).
 // Cluster members, whose ports are picked in advance, have no such limit.
 func (s *Server) Endpoints() []string {
+	if s.ext != nil {
+		return append([]string(nil), s.ext.endpoints...)
+	}
 	return []string{s.m.endpoint}
 }
 
@@ -163,14 +220,29 @@ func (s *Server) NewProxiedClient() (*clientv3.Client, *Proxy, error) {
 // Start is removed by the testing package when the test ends. Close is safe
 // to call more than once and concurrently: every call returns once etcd has
 // stopped.
+//
+// On an external etcd, Close closes the clients, revokes the leases granted
+// through them and deletes the keys under their prefix, and leaves etcd
+// running.
 func (s *Server) Close() {
+	s.close()
+}
+
+// close is Close, with the error of the clear on an external etcd.
+func (s *Server) close() error {
+	var err error
 	s.once.Do(func() {
 		s.owned.closeAll()
+		if s.ext != nil {
+			err = s.o.scope.close()
+			return
+		}
 		s.m.stop(graceful, releasePorts)
 		if s.removeDir != "" {
 			os.RemoveAll(s.removeDir)
 		}
 	})
+	return err
 }
 
 // NewClient returns a new client of the server, like Client, for code that
