@@ -45,7 +45,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"run", "--ttl", "banana", "n", "--", "true"}, nil, exitUsage, "-ttl"},
 		{[]string{"run", "--ttl", "0s", "n", "--", "true"}, nil, exitUsage, "--ttl must be positive"},
 		{[]string{"run", "--wait", "-1s", "n", "--", "true"}, nil, exitUsage, "must not be negative"},
-		{[]string{"run", "--kill-grace", "-1s", "n", "--", "true"}, nil, exitUsage, "--kill-grace"},
+		{[]string{"run", "--kill-grace", "-1s", "n", "--", "true"}, nil, exitUsage, "-kill-grace"},
 		{[]string{"run", "n", "--wait", "soon", "--", "true"}, nil, exitUsage, "-wait"},
 		{[]string{"run", "--endpoints", ",", "n", "--", "true"}, nil, exitUsage, "no etcd endpoints"},
 		{[]string{"run", "--dial-timeout", "0s", "n", "--", "true"}, nil, exitUsage, "--dial-timeout"},

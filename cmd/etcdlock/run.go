@@ -18,8 +18,9 @@ import (
 )
 
 const (
-	defaultTTL       = 10 * time.Second
-	defaultKillGrace = 10 * time.Second
+	defaultTTL = 10 * time.Second
+	// maxKillGrace caps the default --kill-grace, a sixth of the TTL.
+	maxKillGrace = 10 * time.Second
 	// tryTimeout bounds --wait 0, which has no wait of its own to bound it.
 	tryTimeout = 5 * time.Second
 )
@@ -43,7 +44,11 @@ the holder changes.
 
 If the lock is lost, or about to be (its key deleted, its lease revoked or
 expired, or etcd silent for 2/3 of --ttl), COMMAND's process group gets
-SIGTERM, then SIGKILL after --kill-grace, and etcdlock exits 74.
+SIGTERM, then SIGKILL after --kill-grace, and etcdlock exits 74. With the
+default --kill-grace (a sixth of the TTL, at most 10s), cut off from etcd,
+COMMAND's group is killed at 5/6 of the TTL after the last keep-alive etcd
+acknowledged: before the lease can expire. A --kill-grace that would
+send SIGKILL after that is warned about.
 SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to
 COMMAND's process group while it runs; while waiting, they make etcdlock
 give up, leave no key behind, and exit 128+N.
@@ -82,12 +87,69 @@ func (w *waitFlag) Set(s string) error {
 	return nil
 }
 
+// graceFlag is --kill-grace: the time between SIGTERM and SIGKILL, or, if
+// not set, defaultGrace of the TTL.
+type graceFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (g *graceFlag) String() string {
+	if g == nil || !g.set {
+		return "TTL/6, at most 10s"
+	}
+	return g.d.String()
+}
+
+func (g *graceFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration such as 0, 2s or 500ms")
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
+	}
+	*g = graceFlag{d: d, set: true}
+	return nil
+}
+
+// value returns the grace for a session of the given TTL.
+func (g *graceFlag) value(ttl time.Duration) time.Duration {
+	if g.set {
+		return g.d
+	}
+	return defaultGrace(ttl)
+}
+
+// defaultGrace is the --kill-grace that keeps run's promise with a TTL:
+// the lock's Done closes after a silence of 2/3 of the TTL, so SIGKILL at
+// 2/3 + 1/6 leaves a sixth of the TTL before etcd can expire the lease.
+func defaultGrace(ttl time.Duration) time.Duration {
+	return min(maxKillGrace, ttl/6)
+}
+
+// silentAt is how long after the last acknowledged keep-alive the lock's
+// Done closes when etcd goes silent: the library's two thirds of the TTL.
+func silentAt(ttl time.Duration) time.Duration { return ttl - ttl/3 }
+
+// lateKill returns by how much SIGKILL, grace after the SIGTERM of a
+// silence, comes after the earliest expiry of a lease of ttl counted from
+// the same acknowledgement; zero or less if it comes before.
+func lateKill(ttl, grace time.Duration) time.Duration {
+	return silentAt(ttl) + grace - ttl
+}
+
+// roundTTL rounds ttl up to whole seconds, as the lease is granted.
+func roundTTL(ttl time.Duration) time.Duration {
+	return (ttl + time.Second - 1).Truncate(time.Second)
+}
+
 type runOptions struct {
 	conn     connFlags
 	obs      observeFlags
 	ttl      time.Duration
 	wait     waitFlag
-	grace    time.Duration
+	grace    graceFlag
 	identity identityFlag
 }
 
@@ -96,7 +158,7 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	o := &runOptions{}
 	c.DurationVar(&o.ttl, "ttl", defaultTTL, "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
 	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once")
-	c.DurationVar(&o.grace, "kill-grace", defaultKillGrace, "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once")
+	c.Var(&o.grace, "kill-grace", "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once; a time that lets COMMAND outlive the lease gets a warning")
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
 	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity"}})
 	o.obs.register(c)
@@ -119,8 +181,11 @@ func runCommand(args []string, sio stdio) error {
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
 	}
-	if o.grace < 0 {
-		return usagef("run", "--kill-grace must not be negative, got %v", o.grace)
+	if ttl := roundTTL(o.ttl); o.grace.set {
+		if late := lateKill(ttl, o.grace.d); late >= 0 {
+			fmt.Fprintf(sio.err, "etcdlock: warning: --kill-grace %v with --ttl %v: cut off from etcd, COMMAND gets SIGKILL %v after the lease can expire (SIGTERM %v after the last acknowledged keep-alive, SIGKILL at %v, expiry at %v); a --kill-grace below %v stops it in time\n",
+				o.grace.d, ttl, late, silentAt(ttl), silentAt(ttl)+o.grace.d, ttl, ttl-silentAt(ttl))
+		}
 	}
 	if err := o.conn.fromEnv(fs, sio.getenv); err != nil {
 		return err
@@ -163,9 +228,10 @@ type runner struct {
 	sigs    chan os.Signal
 	obs     *observing
 
-	cli *clientv3.Client
-	s   *etcdlock.Session
-	m   *etcdlock.Mutex
+	cli   *clientv3.Client
+	s     *etcdlock.Session
+	m     *etcdlock.Mutex
+	grace time.Duration // --kill-grace, or its default for the lease's TTL
 }
 
 func (r *runner) run() error {
@@ -231,6 +297,7 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 	}
 	r.s = s
 	r.m = etcdlock.NewMutex(s, r.name)
+	r.grace = r.opts.grace.value(s.TTL())
 
 	held := false
 	wait := r.opts.wait
@@ -320,7 +387,7 @@ wait:
 		default:
 		}
 	} else {
-		r.stopGroup(pid, lostAt.Add(r.opts.grace))
+		r.stopGroup(pid, lostAt.Add(r.grace))
 	}
 
 	unlockErr := r.m.UnlockContext(context.Background())
@@ -342,15 +409,15 @@ wait:
 // stop starts stopping COMMAND's process group after the lock was lost, and
 // returns when to kill it, or nil if it was killed at once.
 func (r *runner) stop(pid int) <-chan time.Time {
-	if r.opts.grace == 0 {
+	if r.grace == 0 {
 		fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q: killing %s\n", r.name, r.command[0])
 		r.warn(signalGroup(pid, syscall.SIGKILL))
 		return nil
 	}
 	fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (key deleted, lease revoked or expired, or etcd silent): sending SIGTERM to %s, SIGKILL in %v\n",
-		r.name, r.command[0], r.opts.grace)
+		r.name, r.command[0], r.grace)
 	r.warn(signalGroup(pid, syscall.SIGTERM))
-	return time.After(r.opts.grace)
+	return time.After(r.grace)
 }
 
 // stopGroup waits until no process is left in COMMAND's process group,

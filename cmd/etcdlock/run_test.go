@@ -327,6 +327,87 @@ func TestRunKeepAliveSilence(t *testing.T) {
 	r.want(t, exitLost)
 }
 
+// TestRunDefaultsKillBeforeExpiry: with only --ttl, a COMMAND that ignores
+// SIGTERM, and its child, are gone before etcd can expire the lease once
+// etcdlock is cut off from etcd.
+func TestRunDefaultsKillBeforeExpiry(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	_, proxy := srv.ProxiedClient(t)
+	name := lockName(t)
+	pids := filepath.Join(t.TempDir(), "pids")
+	const ttl = 6 * time.Second
+	p := startCLI(t, []string{"PIDS=" + pids}, "run", "--endpoints", proxy.Endpoints()[0], "--ttl", ttl.String(),
+		name, "--", "sh", "-c", `trap '' TERM; echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`)
+	leader, child := readPIDs(t, pids)
+	keys := waitKeys(t, cli, name, 1)
+
+	// No acknowledgement reaches etcdlock after the cut: the last one came
+	// before it, and the lease can expire TTL after that one at the earliest.
+	proxy.Blackhole()
+	cut := time.Now()
+	for groupAlive(leader) {
+		if time.Since(cut) > opTimeout {
+			proxy.Unblackhole()
+			syscall.Kill(-leader, syscall.SIGKILL)
+			t.Fatalf("the command's group still runs %v after etcd went silent", opTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	gone := time.Since(cut)
+	after := lockKeys(t, cli, name)
+	proxy.Unblackhole()
+	t.Logf("process group gone %v after etcd went silent (--ttl %v, SIGKILL due at %v after the last ack)", gone, ttl, silentAt(ttl)+defaultGrace(ttl))
+	if gone >= ttl {
+		t.Errorf("process group gone %v after etcd went silent, want before the TTL %v", gone, ttl)
+	}
+	if len(after) != 1 || after[0].rev != keys[0].rev {
+		t.Errorf("keys when the group was gone: got %v, want still %v: it outlived the lease", after, keys)
+	}
+	for _, pid := range []int{leader, child} {
+		if !processGone(pid) {
+			t.Errorf("process %d still runs", pid)
+		}
+	}
+	r := p.wait(t)
+	r.want(t, exitLost)
+	if strings.Contains(r.stderr, "--kill-grace") {
+		t.Errorf("stderr: got %q, want no warning about the default --kill-grace", r.stderr)
+	}
+}
+
+func TestKillGraceWarning(t *testing.T) {
+	for _, tc := range []struct {
+		ttl, grace time.Duration
+		late       time.Duration // by how much SIGKILL comes after the expiry; <0: none
+	}{
+		{10 * time.Second, time.Second, -1},
+		{6 * time.Second, 5 * time.Second, 3 * time.Second},
+		{6 * time.Second, 2 * time.Second, 0},
+		{1500 * time.Millisecond, 0, -1}, // rounded up to 2s
+	} {
+		ttl := roundTTL(tc.ttl)
+		late := lateKill(ttl, tc.grace)
+		if (tc.late < 0) != (late < 0) || tc.late >= 0 && late != tc.late {
+			t.Errorf("lateKill(%v, %v): got %v, want %v", ttl, tc.grace, late, tc.late)
+		}
+	}
+	for _, ttl := range []time.Duration{time.Second, 2 * time.Second, 6 * time.Second, 10 * time.Second, time.Minute, time.Hour} {
+		if g := defaultGrace(ttl); lateKill(ttl, g) >= -ttl/7 || g > 10*time.Second {
+			t.Errorf("defaultGrace(%v) = %v: SIGKILL %v before the expiry, want at least a sixth of the TTL and a grace of at most 10s", ttl, g, -lateKill(ttl, g))
+		}
+	}
+	// The warning is given before etcdlock connects: no etcd needed.
+	_, _, stderr := callCLI(nil, "run", "--endpoints", ",", "--ttl", "6s", "--kill-grace", "5s", "n", "--", "true")
+	if !strings.Contains(stderr, "SIGKILL 3s after the lease can expire") {
+		t.Errorf("stderr: got %q, want a warning that SIGKILL comes 3s late", stderr)
+	}
+	_, _, stderr = callCLI(nil, "run", "--endpoints", ",", "--ttl", "6s", "--kill-grace", "1s", "n", "--", "true")
+	if strings.Contains(stderr, "warning") {
+		t.Errorf("stderr: got %q, want no warning for --kill-grace 1s with --ttl 6s", stderr)
+	}
+}
+
 // readPIDs reads the two process IDs a test command writes to path.
 func readPIDs(t *testing.T, path string) (first, second int) {
 	t.Helper()
