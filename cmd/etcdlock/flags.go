@@ -80,8 +80,11 @@ func (c *commandFlags) printUsage(w io.Writer) {
 		for _, name := range g.names {
 			f := c.Lookup(name)
 			typ, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(w, "  --%s %s\n      %s", f.Name, typ, usage)
-			if f.DefValue != "" {
+			if typ != "" {
+				typ = " " + typ
+			}
+			fmt.Fprintf(w, "  --%s%s\n      %s", f.Name, typ, usage)
+			if f.DefValue != "" && f.DefValue != "false" {
 				fmt.Fprintf(w, " (default %s)", f.DefValue)
 			}
 			fmt.Fprintln(w)

@@ -53,9 +53,14 @@ SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to
 COMMAND's process group while it runs; while waiting, they make etcdlock
 give up, leave no key behind, and exit 128+N.
 
+For scripts written for flock(1): --wait 0 is flock's -n, --wait 30s its
+-w 30, --conflict-exit-code its -E, --quiet (-q) its -q. A busy lock's
+message names its holder, unless --quiet.
+
 Exit statuses: COMMAND's own; 64 usage; 69 etcd unreachable or refused us;
-74 lock lost; 75 lock busy (--wait ran out); 126 COMMAND could not be
-started; 127 COMMAND not found; 128+N signal N while waiting.
+74 lock lost; 75 lock busy (--wait ran out; see --conflict-exit-code); 126
+COMMAND could not be started; 127 COMMAND not found; 128+N signal N while
+waiting.
 `
 
 // waitFlag is --wait: how long to wait for the lock, forever if not set.
@@ -151,16 +156,21 @@ type runOptions struct {
 	wait     waitFlag
 	grace    graceFlag
 	identity identityFlag
+	conflict int  // --conflict-exit-code
+	quiet    bool // --quiet, -q
 }
 
 func newRunFlags() (*commandFlags, *runOptions) {
 	c := newCommandFlags("run", "[flags] NAME -- COMMAND [ARGS...]", runAbout)
 	o := &runOptions{}
 	c.DurationVar(&o.ttl, "ttl", defaultTTL, "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
-	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once")
+	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once, as flock's -n")
 	c.Var(&o.grace, "kill-grace", "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once; a time that lets COMMAND outlive the lease gets a warning")
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity"}})
+	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
+	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
+	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity", "conflict-exit-code", "quiet"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -180,6 +190,9 @@ func runCommand(args []string, sio stdio) error {
 	}
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
+	}
+	if o.conflict < 0 || o.conflict > 255 {
+		return usagef("run", "--conflict-exit-code must be from 0 to 255, got %d", o.conflict)
 	}
 	if ttl := roundTTL(o.ttl); o.grace.set {
 		if late := lateKill(ttl, o.grace.d); late >= 0 {
@@ -303,7 +316,7 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 	wait := r.opts.wait
 	switch {
 	case !wait.set:
-		stop := reportHolders(s, r.name, r.sio.err)
+		stop := r.reportHolders()
 		err = r.m.LockContext(ctx)
 		stop()
 		held = err == nil
@@ -312,7 +325,7 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 		held, err = r.m.TryLockFor(tctx, 0)
 		cancel()
 	default:
-		stop := reportHolders(s, r.name, r.sio.err)
+		stop := r.reportHolders()
 		held, err = r.m.TryLockFor(ctx, wait.d)
 		stop()
 	}
@@ -323,12 +336,37 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 		return false, withStatus(exitUnavailable, fmt.Errorf("lease lost while waiting for the lock %q (etcd unreachable for the whole --ttl %v, or the lease was revoked)", r.name, r.s.TTL()))
 	case err != nil:
 		return false, unavailable(r.cfg, err)
-	case !held && wait.d == 0:
-		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: someone else holds it", r.name))
 	case !held:
-		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: someone else still held it after --wait %v", r.name, wait.d))
+		return false, r.busy()
 	}
 	return true, nil
+}
+
+// busy is the error of a lock held for the whole --wait: silent with
+// --quiet, else naming the holder if it can still be read.
+func (r *runner) busy() error {
+	if r.opts.quiet {
+		return withStatus(r.opts.conflict, nil)
+	}
+	who := "someone else"
+	ctx, cancel := context.WithTimeout(context.Background(), holderReadTimeout)
+	entries, err := etcdlock.Inspect(ctx, r.cli, r.name)
+	cancel()
+	if h, ok := mutexHolder(entries, r.s.Lease()); err == nil && ok {
+		who = describeHolder(h)
+	}
+	if r.opts.wait.d == 0 {
+		return withStatus(r.opts.conflict, fmt.Errorf("lock %q is busy: %s holds it", r.name, who))
+	}
+	return withStatus(r.opts.conflict, fmt.Errorf("lock %q is busy: %s still held it after --wait %v", r.name, who, r.opts.wait.d))
+}
+
+// reportHolders says who holds the lock while run waits, unless --quiet.
+func (r *runner) reportHolders() (stop func()) {
+	if r.opts.quiet {
+		return func() {}
+	}
+	return reportHolders(r.s, r.name, r.sio.err)
 }
 
 // runHeld runs COMMAND under the held lock, stops it if the lock is lost,

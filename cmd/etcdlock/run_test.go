@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
 )
 
@@ -128,6 +130,47 @@ func TestRunBusy(t *testing.T) {
 	runCLI(t, nil, "run", "--endpoints", ep, "--wait", "0", name, "--", "touch", marker).want(t, 0)
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatalf("the command did not run once the lock was free: %v", err)
+	}
+}
+
+// TestRunBusyFlock: the busy case as scripts written for flock(1) expect
+// it: its exit status (-E), silence on request (-q), and otherwise a message
+// that names the holder.
+func TestRunBusyFlock(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	const who = "host=cron-1 pid=42 nightly"
+	m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithIdentity(who)), name)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ep := srv.Endpoints()[0]
+	for _, tc := range []struct {
+		name   string
+		flags  []string
+		want   int
+		stderr string // "" for none at all
+	}{
+		{"wait 0", []string{"--wait", "0"}, exitBusy, "busy: " + who + " (key " + m.Key()},
+		{"wait 0, conflict exit code", []string{"--wait", "0", "--conflict-exit-code", "3"}, 3, who},
+		{"wait 0, -q", []string{"--wait", "0", "-q"}, exitBusy, ""},
+		{"wait 300ms, --quiet, conflict exit code 1", []string{"--wait", "300ms", "--quiet", "--conflict-exit-code", "1"}, 1, ""},
+		{"wait 300ms", []string{"--wait", "300ms"}, exitBusy, who + " (key " + m.Key() + fmt.Sprintf(", token %d) still held it after --wait 300ms", m.Token())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{"run", "--endpoints", ep}, tc.flags...), name, "--", "true")
+			r := runCLI(t, nil, args...)
+			r.want(t, tc.want)
+			switch {
+			case tc.stderr == "" && r.stderr != "":
+				t.Errorf("stderr: got %q, want nothing", r.stderr)
+			case !strings.Contains(r.stderr, tc.stderr):
+				t.Errorf("stderr: got %q, want it to contain %q", r.stderr, tc.stderr)
+			}
+		})
 	}
 }
 

@@ -97,17 +97,7 @@ func (h *holderReport) read(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	var holder etcdlock.QueueEntry
-	for _, e := range entries {
-		// A Mutex waits for the holders of its queue, not an RWMutex's.
-		if e.Holds && e.Kind != etcdlock.KindRead && e.Kind != etcdlock.KindWrite {
-			holder = e
-			break
-		}
-	}
-	if holder.Lease == h.lease {
-		holder = etcdlock.QueueEntry{} // ours: the lock is ours now
-	}
+	holder, _ := mutexHolder(entries, h.lease)
 	if holder.Key != h.holder.Key {
 		h.holder, h.since = holder, time.Now()
 	}
@@ -121,16 +111,37 @@ func (h *holderReport) report() {
 	}
 	h.reported = h.holder.Key
 	now := time.Now()
-	who := "a holder that stored no identity"
-	if h.holder.Identity != "" {
-		who = printable(h.holder.Identity)
-	}
 	// A holder seen for less than a second has just taken the lock, as far
 	// as we know: say so rather than "for at least 0s".
 	held := "now held"
 	if d := now.Sub(h.since); d >= time.Second {
 		held = fmt.Sprintf("held for at least %v", d.Truncate(time.Second))
 	}
-	fmt.Fprintf(h.out, "etcdlock: waiting for the lock %q (%v so far): %s by %s (key %s, token %d)\n",
-		h.name, now.Sub(h.start).Truncate(time.Second), held, who, printable(h.holder.Key), h.holder.Token)
+	fmt.Fprintf(h.out, "etcdlock: waiting for the lock %q (%v so far): %s by %s\n",
+		h.name, now.Sub(h.start).Truncate(time.Second), held, describeHolder(h.holder))
+}
+
+// mutexHolder returns the holder a Mutex of the lock waits for, among the
+// entries Inspect read, and whether there is one other than the Session of
+// lease (ours: the lock is ours now).
+func mutexHolder(entries []etcdlock.QueueEntry, lease clientv3.LeaseID) (etcdlock.QueueEntry, bool) {
+	for _, e := range entries {
+		// A Mutex waits for the holders of its queue, not an RWMutex's.
+		if e.Holds && e.Kind != etcdlock.KindRead && e.Kind != etcdlock.KindWrite {
+			if e.Lease == lease {
+				break
+			}
+			return e, true
+		}
+	}
+	return etcdlock.QueueEntry{}, false
+}
+
+// describeHolder names a holder for a message: its identity, key and token.
+func describeHolder(e etcdlock.QueueEntry) string {
+	who := "a holder that stored no identity"
+	if e.Identity != "" {
+		who = printable(e.Identity)
+	}
+	return fmt.Sprintf("%s (key %s, token %d)", who, printable(e.Key), e.Token)
 }
