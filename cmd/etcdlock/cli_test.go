@@ -50,6 +50,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"run", "--conflict-exit-code", "256", "n", "--", "true"}, nil, exitUsage, "--conflict-exit-code must be from 0 to 255"},
 		{[]string{"run", "--conflict-exit-code", "-1", "n", "--", "true"}, nil, exitUsage, "--conflict-exit-code"},
 		{[]string{"help", "run"}, nil, 0, "flock's -E"},
+		{[]string{"run", "--identity", "x", "--identity-cmd", "n", "--", "true"}, nil, exitUsage, "not with --identity"},
 		{[]string{"run", "--endpoints", ",", "n", "--", "true"}, nil, exitUsage, "no etcd endpoints"},
 		{[]string{"run", "--dial-timeout", "0s", "n", "--", "true"}, nil, exitUsage, "--dial-timeout"},
 		{[]string{"run", "--cert", "c.pem", "n", "--", "true"}, nil, exitUsage, "--cert and --key"},

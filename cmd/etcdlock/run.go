@@ -35,10 +35,10 @@ revision). Exits with COMMAND's status (128+N if signal N killed it), and
 releases the lock once COMMAND has exited.
 
 Its key in etcd holds an identity, which etcdlock holders shows: by default
-host=<hostname> pid=<pid> cmd=<COMMAND ARGS> (shell-quoted, cut to 200
-bytes); --identity sets another. It is stored in clear in etcd, readable by
-anyone who can read the lock: keep secrets out of the command line, or set
---identity. While it waits for more than 3s, etcdlock says on stderr who
+host=<hostname> pid=<pid>; --identity-cmd adds cmd=<COMMAND ARGS>
+(shell-quoted, cut to 200 bytes); --identity sets another. It is stored in
+clear in etcd, readable by anyone who can read the lock: with
+--identity-cmd, keep secrets out of the command line. While it waits for more than 3s, etcdlock says on stderr who
 holds the lock (its identity, and for how long at least), and again each time
 the holder changes.
 
@@ -156,6 +156,7 @@ type runOptions struct {
 	wait     waitFlag
 	grace    graceFlag
 	identity identityFlag
+	withCmd  bool // --identity-cmd
 	conflict int  // --conflict-exit-code
 	quiet    bool // --quiet, -q
 }
@@ -167,10 +168,11 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once, as flock's -n")
 	c.Var(&o.grace, "kill-grace", "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once; a time that lets COMMAND outlive the lease gets a warning")
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
+	c.BoolVar(&o.withCmd, "identity-cmd", false, "add cmd=<COMMAND ARGS> to the default identity: stored in clear in etcd, so only for command lines without secrets")
 	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
 	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
 	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity", "conflict-exit-code", "quiet"}})
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -190,6 +192,9 @@ func runCommand(args []string, sio stdio) error {
 	}
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
+	}
+	if o.withCmd && o.identity.set {
+		return usagef("run", "--identity-cmd adds the command to the default identity: not with --identity")
 	}
 	if o.conflict < 0 || o.conflict > 255 {
 		return usagef("run", "--conflict-exit-code must be from 0 to 255, got %d", o.conflict)
@@ -303,7 +308,7 @@ func (r *runner) lock(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	r.cli = cli
-	opts := []etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command))}
+	opts := []etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command, r.opts.withCmd))}
 	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
 		return false, unavailable(r.cfg, err)

@@ -51,8 +51,8 @@ func identities(t *testing.T, cli *clientv3.Client, name string) []string {
 	return ids
 }
 
-// TestRunIdentity: run stores host, pid and command in its key, or
-// --identity.
+// TestRunIdentity: run stores host and pid in its key, no argument of
+// COMMAND; the command too with --identity-cmd; or --identity.
 func TestRunIdentity(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -66,7 +66,8 @@ func TestRunIdentity(t *testing.T) {
 		args []string
 		want func(pid int) string
 	}{
-		{"default", nil, func(pid int) string {
+		{"default", nil, func(pid int) string { return fmt.Sprintf("host=%s pid=%d", host, pid) }},
+		{"--identity-cmd", []string{"--identity-cmd"}, func(pid int) string {
 			return fmt.Sprintf(`host=%s pid=%d cmd=sh -c 'while [ ! -e "$GO" ]; do sleep 0.05; done'`, host, pid)
 		}},
 		{"--identity", []string{"--identity", "nightly report #7"}, func(int) string { return "nightly report #7" }},
