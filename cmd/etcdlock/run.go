@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -27,6 +28,11 @@ const (
 
 const runAbout = `Runs COMMAND while holding the lock NAME, like flock(1) across machines, and
 stops COMMAND before the lock can pass to anyone else.
+
+By default the hold is exclusive: one run at a time, and it also excludes
+etcdctl lock and etcd's concurrency.Mutex on NAME. --shared runs hold
+together, as flock -s, but never beside an exclusive run. --limit N lets at
+most N runs with --limit N hold at once, as consul lock -n N.
 
 Waits for the lock (see --wait), then starts COMMAND in a process group of
 its own, with ETCDLOCK_KEY and ETCD_LOCK_KEY set to the lock's etcd key and
@@ -159,6 +165,18 @@ type runOptions struct {
 	withCmd  bool // --identity-cmd
 	conflict int  // --conflict-exit-code
 	quiet    bool // --quiet, -q
+	shared   bool // --shared
+	limit    int  // --limit; 0 if not given
+}
+
+func (o *runOptions) mode() lockMode {
+	switch {
+	case o.shared:
+		return shared
+	case o.limit > 0:
+		return counted
+	}
+	return exclusive
 }
 
 func newRunFlags() (*commandFlags, *runOptions) {
@@ -169,10 +187,12 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.Var(&o.grace, "kill-grace", "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once; a time that lets COMMAND outlive the lease gets a warning")
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
 	c.BoolVar(&o.withCmd, "identity-cmd", false, "add cmd=<COMMAND ARGS> to the default identity: stored in clear in etcd, so only for command lines without secrets")
+	c.BoolVar(&o.shared, "shared", false, "a shared hold, as flock's -s: many --shared runs at once, none beside a run without it")
+	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N")
 	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
 	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
 	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "shared", "limit", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -192,6 +212,14 @@ func runCommand(args []string, sio stdio) error {
 	}
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
+	}
+	limitSet := false
+	fs.Visit(func(f *flag.Flag) { limitSet = limitSet || f.Name == "limit" })
+	switch {
+	case limitSet && o.limit < 1:
+		return usagef("run", "--limit must be at least 1, got %d", o.limit)
+	case limitSet && o.shared:
+		return usagef("run", "--shared and --limit are two kinds of lock: give one")
 	}
 	if o.withCmd && o.identity.set {
 		return usagef("run", "--identity-cmd adds the command to the default identity: not with --identity")
@@ -248,18 +276,16 @@ type runner struct {
 
 	cli   *clientv3.Client
 	s     *etcdlock.Session
-	m     *etcdlock.Mutex
+	l     *runLock
 	grace time.Duration // --kill-grace, or its default for the lease's TTL
 }
 
 func (r *runner) run() error {
-	sig, held, err := r.acquire()
+	sig, err := r.acquire()
 	defer r.close()
 	switch {
 	case sig != nil:
-		if held {
-			r.unlock()
-		}
+		r.unlock()
 		return withStatus(128+signalNumber(sig), fmt.Errorf("%v (signal %d) while waiting for the lock %q: withdrew", sig, signalNumber(sig), r.name))
 	case err != nil:
 		return err
@@ -275,8 +301,9 @@ func (r *runner) run() error {
 }
 
 // acquire connects to etcd and takes the lock. If one of the signals arrives
-// first, it gives up, leaves no key of its own, and returns the signal.
-func (r *runner) acquire() (sig os.Signal, held bool, err error) {
+// first, it gives up and returns the signal; run then releases what was
+// taken, so that no key of its own is left.
+func (r *runner) acquire() (sig os.Signal, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	caught := make(chan os.Signal, 1)
 	var wg sync.WaitGroup
@@ -288,68 +315,82 @@ func (r *runner) acquire() (sig os.Signal, held bool, err error) {
 		case <-ctx.Done():
 		}
 	})
-	held, err = r.lock(ctx)
+	err = r.lock(ctx)
 	cancel()
 	wg.Wait()
 	select {
 	case sig = <-caught:
 	default:
 	}
-	return sig, held, err
+	return sig, err
 }
 
-// lock takes the lock as --wait says. ctx ends only on a signal, which
-// acquire reports; run then looks only at held, which says whether the lock
-// was taken all the same, and not at the error (nil if ctx ended the wait,
-// ctx.Err() if it ended the connect).
-func (r *runner) lock(ctx context.Context) (bool, error) {
+// lock takes the lock as --wait says, step by step. ctx ends only on a
+// signal, which acquire reports; run then looks only at what is held, not
+// at the error (nil if ctx ended the wait, ctx.Err() if it ended the
+// connect). On any other failure, lock releases what it took.
+func (r *runner) lock(ctx context.Context) error {
 	cli, err := connect(ctx, r.cfg, r.name+"/")
 	if err != nil {
-		return false, err
+		return err
 	}
 	r.cli = cli
 	opts := []etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command, r.opts.withCmd))}
 	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
-		return false, unavailable(r.cfg, err)
+		return unavailable(r.cfg, err)
 	}
 	r.s = s
-	r.m = etcdlock.NewMutex(s, r.name)
+	r.l = newRunLock(s, r.name, r.opts.mode(), r.opts.limit)
 	r.grace = r.opts.grace.value(s.TTL())
 
-	held := false
+	var deadline time.Time
+	if r.opts.wait.set {
+		deadline = time.Now().Add(r.opts.wait.d)
+	}
+	for _, st := range r.l.steps() {
+		held, err := r.take(ctx, st, deadline)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil && held:
+			continue
+		case errors.Is(err, etcdlock.ErrSessionExpired):
+			err = withStatus(exitUnavailable, fmt.Errorf("lease lost while waiting for the lock %q (etcd unreachable for the whole --ttl %v, or the lease was revoked)", r.name, r.s.TTL()))
+		case errors.Is(err, etcdlock.ErrLimitMismatch):
+			err = withStatus(exitUsage, fmt.Errorf("--limit %d: %w", r.opts.limit, err))
+		case err != nil:
+			err = unavailable(r.cfg, err)
+		default:
+			err = r.busy(st)
+		}
+		r.unlock()
+		return err
+	}
+	return nil
+}
+
+// take runs one step as --wait says: wait as long as it takes, try once,
+// or wait until deadline.
+func (r *runner) take(ctx context.Context, st step, deadline time.Time) (bool, error) {
 	wait := r.opts.wait
 	switch {
 	case !wait.set:
-		stop := r.reportHolders()
-		err = r.m.LockContext(ctx)
-		stop()
-		held = err == nil
+		defer r.reportHolders(st)()
+		err := st.lock(ctx)
+		return err == nil, err
 	case wait.d == 0:
 		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
-		held, err = r.m.TryLockFor(tctx, 0)
-		cancel()
-	default:
-		stop := r.reportHolders()
-		held, err = r.m.TryLockFor(ctx, wait.d)
-		stop()
+		defer cancel()
+		return st.try(tctx, 0)
 	}
-	switch {
-	case ctx.Err() != nil:
-		return held, nil
-	case errors.Is(err, etcdlock.ErrSessionExpired):
-		return false, withStatus(exitUnavailable, fmt.Errorf("lease lost while waiting for the lock %q (etcd unreachable for the whole --ttl %v, or the lease was revoked)", r.name, r.s.TTL()))
-	case err != nil:
-		return false, unavailable(r.cfg, err)
-	case !held:
-		return false, r.busy()
-	}
-	return true, nil
+	defer r.reportHolders(st)()
+	return st.try(ctx, max(0, time.Until(deadline)))
 }
 
 // busy is the error of a lock held for the whole --wait: silent with
-// --quiet, else naming the holder if it can still be read.
-func (r *runner) busy() error {
+// --quiet, else naming the holder that st waits for, if it can be read.
+func (r *runner) busy(st step) error {
 	if r.opts.quiet {
 		return withStatus(r.opts.conflict, nil)
 	}
@@ -357,28 +398,40 @@ func (r *runner) busy() error {
 	ctx, cancel := context.WithTimeout(context.Background(), holderReadTimeout)
 	entries, err := etcdlock.Inspect(ctx, r.cli, r.name)
 	cancel()
-	if h, ok := mutexHolder(entries, r.s.Lease()); err == nil && ok {
+	if h, ok := st.blocker(entries, r.s.Lease()); err == nil && ok {
 		who = describeHolder(h)
 	}
-	if r.opts.wait.d == 0 {
-		return withStatus(r.opts.conflict, fmt.Errorf("lock %q is busy: %s holds it", r.name, who))
+	held := "holds it"
+	if r.opts.wait.d > 0 {
+		held = fmt.Sprintf("still held it after --wait %v", r.opts.wait.d)
 	}
-	return withStatus(r.opts.conflict, fmt.Errorf("lock %q is busy: %s still held it after --wait %v", r.name, who, r.opts.wait.d))
+	var msg string
+	switch r.opts.mode() {
+	case counted:
+		msg = fmt.Sprintf("lock %q is busy: all its %d permits are taken; the oldest holder, %s, %s", r.name, r.opts.limit, who, held)
+	case shared:
+		msg = fmt.Sprintf("lock %q is busy for a shared hold: %s %s", r.name, who, held)
+	default:
+		msg = fmt.Sprintf("lock %q is busy: %s %s", r.name, who, held)
+	}
+	return withStatus(r.opts.conflict, errors.New(msg))
 }
 
-// reportHolders says who holds the lock while run waits, unless --quiet.
-func (r *runner) reportHolders() (stop func()) {
+// reportHolders says who holds what st waits for while run waits, unless
+// --quiet.
+func (r *runner) reportHolders(st step) (stop func()) {
 	if r.opts.quiet {
 		return func() {}
 	}
-	return reportHolders(r.s, r.name, r.sio.err)
+	return reportHolders(r.s, r.name, st.blocker, r.sio.err)
 }
 
 // runHeld runs COMMAND under the held lock, stops it if the lock is lost,
 // then releases the lock.
 func (r *runner) runHeld() error {
-	key, token := r.m.Key(), r.m.Token()
-	lost := r.m.Done()
+	key, token := r.l.key(), r.l.token()
+	// An exclusive run holds two locks: the loss of either is the loss.
+	lost, lost2 := r.l.done()
 	cmd := exec.Command(r.command[0], r.command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = r.sio.in, r.sio.out, r.sio.err
 	cmd.Env = append(os.Environ(),
@@ -415,7 +468,10 @@ wait:
 		case sig := <-r.sigs:
 			r.warn(signalGroup(pid, sig))
 		case <-lost:
-			lost, lostAt = nil, time.Now()
+			lost, lost2, lostAt = nil, nil, time.Now()
+			kill = r.stop(pid)
+		case <-lost2:
+			lost, lost2, lostAt = nil, nil, time.Now()
 			kill = r.stop(pid)
 		case <-kill:
 			kill = nil
@@ -427,13 +483,15 @@ wait:
 		select {
 		case <-lost:
 			lostAt = time.Now()
+		case <-lost2:
+			lostAt = time.Now()
 		default:
 		}
 	} else {
 		r.stopGroup(pid, lostAt.Add(r.grace))
 	}
 
-	unlockErr := r.m.UnlockContext(context.Background())
+	unlockErr := r.l.release(context.Background())
 	status := exitStatus(cmd.ProcessState)
 	switch {
 	case !lostAt.IsZero():
@@ -475,10 +533,11 @@ func (r *runner) stopGroup(pid int, deadline time.Time) {
 	}
 }
 
-// unlock releases the lock taken by this goroutine, on a bounded context.
+// unlock releases what this goroutine holds of the lock, if anything, on
+// bounded contexts.
 func (r *runner) unlock() {
-	if err := r.m.UnlockContext(context.Background()); err != nil {
-		r.warn(err)
+	if r.l.held() {
+		r.warn(r.l.release(context.Background()))
 	}
 }
 

@@ -31,6 +31,7 @@ type holderReport struct {
 	cli   *clientv3.Client
 	name  string
 	lease clientv3.LeaseID // ours: our own key is no one to wait for
+	pick  func([]etcdlock.QueueEntry, clientv3.LeaseID) (etcdlock.QueueEntry, bool)
 	out   io.Writer
 	start time.Time // when the wait began
 
@@ -41,10 +42,11 @@ type holderReport struct {
 }
 
 // reportHolders starts a holderReport of the lock name for the Session s,
-// writing to out, and returns the function that stops it and waits for it.
-func reportHolders(s *etcdlock.Session, name string, out io.Writer) (stop func()) {
+// writing to out the holder pick finds, and returns the function that stops
+// it and waits for it.
+func reportHolders(s *etcdlock.Session, name string, pick func([]etcdlock.QueueEntry, clientv3.LeaseID) (etcdlock.QueueEntry, bool), out io.Writer) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &holderReport{cli: s.Client(), name: name, lease: s.Lease(), out: out, start: time.Now()}
+	h := &holderReport{cli: s.Client(), name: name, lease: s.Lease(), pick: pick, out: out, start: time.Now()}
 	var wg sync.WaitGroup
 	wg.Go(func() { h.run(ctx) })
 	return func() {
@@ -97,7 +99,7 @@ func (h *holderReport) read(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	holder, _ := mutexHolder(entries, h.lease)
+	holder, _ := h.pick(entries, h.lease)
 	if holder.Key != h.holder.Key {
 		h.holder, h.since = holder, time.Now()
 	}
@@ -119,22 +121,6 @@ func (h *holderReport) report() {
 	}
 	fmt.Fprintf(h.out, "etcdlock: waiting for the lock %q (%v so far): %s by %s\n",
 		h.name, now.Sub(h.start).Truncate(time.Second), held, describeHolder(h.holder))
-}
-
-// mutexHolder returns the holder a Mutex of the lock waits for, among the
-// entries Inspect read, and whether there is one other than the Session of
-// lease (ours: the lock is ours now).
-func mutexHolder(entries []etcdlock.QueueEntry, lease clientv3.LeaseID) (etcdlock.QueueEntry, bool) {
-	for _, e := range entries {
-		// A Mutex waits for the holders of its queue, not an RWMutex's.
-		if e.Holds && e.Kind != etcdlock.KindRead && e.Kind != etcdlock.KindWrite {
-			if e.Lease == lease {
-				break
-			}
-			return e, true
-		}
-	}
-	return etcdlock.QueueEntry{}, false
 }
 
 // describeHolder names a holder for a message: its identity, key and token.

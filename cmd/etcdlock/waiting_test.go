@@ -77,10 +77,15 @@ func TestRunIdentity(t *testing.T) {
 			name := lockName(t)
 			p, release := startHolding(t, cli, ep, name, tc.args...)
 			got := identities(t, cli, name)
+			for deadline := time.Now().Add(opTimeout); len(got) < 2 && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond) // the write lock comes after the Mutex
+				got = identities(t, cli, name)
+			}
 			release()
 			p.wait(t).want(t, 0)
-			if want := tc.want(p.cmd.Process.Pid); len(got) != 1 || got[0] != want {
-				t.Fatalf("identity: got %q, want [%q]", got, want)
+			// An exclusive run's two keys: its Mutex's and its write lock's.
+			if want := tc.want(p.cmd.Process.Pid); len(got) != 2 || got[0] != want || got[1] != want {
+				t.Fatalf("identity: got %q, want [%q %q]", got, want, want)
 			}
 		})
 	}
