@@ -87,9 +87,9 @@ func (w *waitFlag) Set(s string) error {
 		*w = waitFlag{}
 		return nil
 	}
-	d, err := time.ParseDuration(s)
+	d, err := parseDuration(s, "0, 30s or 5m, nor forever")
 	if err != nil {
-		return errors.New("not a duration such as 0, 30s or 5m, nor forever")
+		return err
 	}
 	if d < 0 {
 		return errors.New("must not be negative")
@@ -113,9 +113,9 @@ func (g *graceFlag) String() string {
 }
 
 func (g *graceFlag) Set(s string) error {
-	d, err := time.ParseDuration(s)
+	d, err := parseDuration(s, "0, 2s or 500ms")
 	if err != nil {
-		return errors.New("not a duration such as 0, 2s or 500ms")
+		return err
 	}
 	if d < 0 {
 		return errors.New("must not be negative")
@@ -182,7 +182,7 @@ func (o *runOptions) mode() lockMode {
 func newRunFlags() (*commandFlags, *runOptions) {
 	c := newCommandFlags("run", "[flags] NAME -- COMMAND [ARGS...]", runAbout)
 	o := &runOptions{}
-	c.DurationVar(&o.ttl, "ttl", defaultTTL, "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
+	c.durationVar(&o.ttl, "ttl", defaultTTL, "10s or 1m", "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
 	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once, as flock's -n")
 	c.Var(&o.grace, "kill-grace", "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once; a time that lets COMMAND outlive the lease gets a warning")
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
@@ -230,7 +230,7 @@ func runCommand(args []string, sio stdio) error {
 	if ttl := roundTTL(o.ttl); o.grace.set {
 		if late := lateKill(ttl, o.grace.d); late >= 0 {
 			fmt.Fprintf(sio.err, "etcdlock: warning: --kill-grace %v with --ttl %v: cut off from etcd, COMMAND gets SIGKILL %v after the lease can expire (SIGTERM %v after the last acknowledged keep-alive, SIGKILL at %v, expiry at %v); a --kill-grace below %v stops it in time\n",
-				o.grace.d, ttl, late, silentAt(ttl), silentAt(ttl)+o.grace.d, ttl, ttl-silentAt(ttl))
+				o.grace.d, ttl, late.Round(time.Millisecond), silentAt(ttl).Round(time.Millisecond), (silentAt(ttl) + o.grace.d).Round(time.Millisecond), ttl, (ttl - silentAt(ttl)).Truncate(time.Millisecond))
 		}
 	}
 	if err := o.conn.fromEnv(fs, sio.getenv); err != nil {
@@ -259,7 +259,7 @@ func runCommand(args []string, sio stdio) error {
 		signal.Notify(sigs, caught...)
 		defer signal.Stop(sigs)
 	}
-	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs}
+	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs, losses: make(chan etcdlock.LossReason, 2)}
 	return r.run()
 }
 
@@ -278,6 +278,9 @@ type runner struct {
 	s     *etcdlock.Session
 	l     *runLock
 	grace time.Duration // --kill-grace, or its default for the lease's TTL
+	// losses gets the reason of each hold lost, from the Session's
+	// observer, which learns it at most a read after Done closes.
+	losses chan etcdlock.LossReason
 }
 
 func (r *runner) run() error {
@@ -335,7 +338,11 @@ func (r *runner) lock(ctx context.Context) error {
 		return err
 	}
 	r.cli = cli
-	opts := []etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command, r.opts.withCmd))}
+	opts := []etcdlock.SessionOption{
+		etcdlock.WithTTL(r.opts.ttl),
+		etcdlock.WithIdentity(r.opts.identity.value(r.command, r.opts.withCmd)),
+		etcdlock.WithObserver(etcdlock.ObserverFunc(r.noteLoss)),
+	}
 	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
 		return unavailable(r.cfg, err)
@@ -495,7 +502,7 @@ wait:
 	status := exitStatus(cmd.ProcessState)
 	switch {
 	case !lostAt.IsZero():
-		return withStatus(exitLost, fmt.Errorf("lost the lock %q while %s ran (it exited with status %d)", r.name, r.command[0], status))
+		return withStatus(exitLost, fmt.Errorf("lost the lock %q while %s ran (it exited with status %d): %s", r.name, r.command[0], status, r.lossReason(time.Second)))
 	case errors.Is(unlockErr, etcdlock.ErrLockLost), errors.Is(unlockErr, etcdlock.ErrSessionExpired):
 		return withStatus(exitLost, fmt.Errorf("lock %q was gone when %s exited (with status %d): %v", r.name, r.command[0], status, unlockErr))
 	case unlockErr != nil:
@@ -508,17 +515,62 @@ wait:
 }
 
 // stop starts stopping COMMAND's process group after the lock was lost, and
-// returns when to kill it, or nil if it was killed at once.
+// returns when to kill it, or nil if it was killed at once. It says why the
+// lock was lost if the reason has come already: the signal does not wait.
 func (r *runner) stop(pid int) <-chan time.Time {
 	if r.grace == 0 {
-		fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q: killing %s\n", r.name, r.command[0])
 		r.warn(signalGroup(pid, syscall.SIGKILL))
+		fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (%s): killed %s\n", r.name, r.lossReason(0), r.command[0])
 		return nil
 	}
-	fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (key deleted, lease revoked or expired, or etcd silent): sending SIGTERM to %s, SIGKILL in %v\n",
-		r.name, r.command[0], r.grace)
 	r.warn(signalGroup(pid, syscall.SIGTERM))
+	fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (%s): sent SIGTERM to %s, SIGKILL in %v\n",
+		r.name, r.lossReason(0), r.command[0], r.grace)
 	return time.After(r.grace)
+}
+
+// noteLoss is the Session's observer: it passes on why a hold was lost.
+func (r *runner) noteLoss(e etcdlock.Event) {
+	if e.Kind != etcdlock.HoldLost {
+		return
+	}
+	select {
+	case r.losses <- e.Reason:
+	default: // an exclusive run's second hold: the first reason tells
+	}
+}
+
+// lossReason says why the lock was lost, waiting at most wait for the
+// Session's observer to say it.
+func (r *runner) lossReason(wait time.Duration) string {
+	var why etcdlock.LossReason
+	select {
+	case why = <-r.losses:
+	default:
+		if wait > 0 {
+			select {
+			case why = <-r.losses:
+			case <-time.After(wait):
+			}
+		}
+	}
+	if why != "" {
+		select {
+		case r.losses <- why: // for a later call
+		default:
+		}
+	}
+	switch why {
+	case etcdlock.LossKeyDeleted:
+		return "its key was deleted while its lease lived: by an operator or another client"
+	case etcdlock.LossLeaseGone:
+		return "its lease was revoked, or expired"
+	case etcdlock.LossKeepAliveSilent:
+		return fmt.Sprintf("etcd acknowledged no keep-alive for 2/3 of the TTL %v: the lease could expire", r.s.TTL())
+	case etcdlock.LossSessionClosed:
+		return "the session ended"
+	}
+	return "reason not known yet: key deleted, lease revoked or expired, or etcd silent"
 }
 
 // stopGroup waits until no process is left in COMMAND's process group,

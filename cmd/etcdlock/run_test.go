@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -290,12 +291,13 @@ func TestRunLockLost(t *testing.T) {
 		script string // writes its PID, then that of a background child, to $PIDS
 		grace  time.Duration
 		lose   func(context.Context, *keyInfo) error
+		why    string // in the exit message
 	}{
 		// The shell and its background sleep both die of SIGTERM.
-		{"revoked, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, revoke},
-		{"key deleted, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, deleteKey},
+		{"revoked, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, revoke, "its lease was revoked, or expired"},
+		{"key deleted, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, deleteKey, "its key was deleted while its lease lived"},
 		// Both ignore SIGTERM: SIGKILL after the grace period.
-		{"revoked, ignores SIGTERM", `trap '' TERM; echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 500 * time.Millisecond, revoke},
+		{"revoked, ignores SIGTERM", `trap '' TERM; echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 500 * time.Millisecond, revoke, "its lease was revoked, or expired"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := lockName(t)
@@ -314,7 +316,7 @@ func TestRunLockLost(t *testing.T) {
 			r := p.wait(t)
 			r.want(t, exitLost)
 			took := time.Since(lost)
-			t.Logf("exited %v after the lock was lost", took)
+			t.Logf("exited %v after the lock was lost; stderr:\n%s", took, r.stderr)
 			// Done closes within about 100 ms; the bounds leave room for
 			// slow machines.
 			if took > tc.grace+5*time.Second {
@@ -323,8 +325,8 @@ func TestRunLockLost(t *testing.T) {
 			if tc.grace < time.Second && took < tc.grace {
 				t.Errorf("exited %v after the lock was lost, want SIGKILL only after the grace %v", took, tc.grace)
 			}
-			if !strings.Contains(r.stderr, "lost the lock") {
-				t.Errorf("stderr: got %q, want it to say the lock was lost", r.stderr)
+			if !strings.Contains(r.stderr, "lost the lock") || !strings.Contains(r.stderr, tc.why) {
+				t.Errorf("stderr: got %q, want it to say the lock was lost: %s", r.stderr, tc.why)
 			}
 			for _, pid := range []int{child, grandchild} {
 				if !processGone(pid) {
@@ -414,6 +416,9 @@ func TestRunDefaultsKillBeforeExpiry(t *testing.T) {
 	}
 	r := p.wait(t)
 	r.want(t, exitLost)
+	if !strings.Contains(r.stderr, "etcd acknowledged no keep-alive for 2/3 of the TTL 6s") {
+		t.Errorf("stderr: got %q, want it to say etcd went silent", r.stderr)
+	}
 	if strings.Contains(r.stderr, "--kill-grace") {
 		t.Errorf("stderr: got %q, want no warning about the default --kill-grace", r.stderr)
 	}
@@ -516,6 +521,35 @@ func TestRunUnreachable(t *testing.T) {
 			}
 			if strings.Contains(r.stdout+r.stderr, secret) {
 				t.Errorf("output shows the password:\n%s%s", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// TestRunUnreachableSaysWhy: a refused connection and an unknown host are
+// said as such, long before the dial timeout.
+func TestRunUnreachableSaysWhy(t *testing.T) {
+	refused := closedPort(t)
+	for _, tc := range []struct {
+		name, ep, want string
+	}{
+		{"refused", refused, refused + ": connection refused"},
+		{"unknown host", "etcdlock-test.invalid:2379", `etcdlock-test.invalid:2379: unknown host "etcdlock-test.invalid"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "unknown host" {
+				_, err := net.LookupHost("etcdlock-test.invalid")
+				if dnsErr, ok := errors.AsType[*net.DNSError](err); !ok || !dnsErr.IsNotFound {
+					t.Skipf("the resolver does not say that .invalid hosts do not exist: %v", err)
+				}
+			}
+			r := runCLI(t, nil, "run", "--endpoints", tc.ep, "--dial-timeout", "30s", "x", "--", "true")
+			r.want(t, exitUnavailable)
+			if !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("stderr: got %q, want %q", r.stderr, tc.want)
+			}
+			if r.took > 10*time.Second {
+				t.Errorf("took %v, want well within the dial timeout 30s", r.took)
 			}
 		})
 	}
