@@ -35,7 +35,9 @@ together, as flock -s, but never beside an exclusive run. --limit N lets at
 most N runs with --limit N hold at once, as consul lock -n N.
 
 Waits for the lock (see --wait), then starts COMMAND in a process group of
-its own, with ETCDLOCK_KEY and ETCD_LOCK_KEY set to the lock's etcd key and
+its own (the terminal's foreground group while it runs, if stdin is a
+terminal and etcdlock is its foreground job, so that COMMAND may read it),
+with ETCDLOCK_KEY and ETCD_LOCK_KEY set to the lock's etcd key and
 ETCDLOCK_TOKEN and ETCD_LOCK_REV to its fencing token (the key's create
 revision). Exits with COMMAND's status (128+N if signal N killed it), and
 releases the lock once COMMAND has exited.
@@ -448,6 +450,12 @@ func (r *runner) runHeld() error {
 		fmt.Sprintf("ETCD_LOCK_REV=%d", token),
 	)
 	cmd.SysProcAttr = childAttr()
+	// An interactive COMMAND reads the terminal as its foreground job; it
+	// has the terminal's signals (Ctrl-C) to itself until it exits.
+	tty, fg := foregroundTTY(r.sio.in)
+	if fg {
+		inForeground(cmd.SysProcAttr, tty)
+	}
 	if err := cmd.Start(); err != nil {
 		r.unlock()
 		code := exitCannotRun
@@ -471,6 +479,9 @@ wait:
 	for {
 		select {
 		case <-exited:
+			if fg {
+				r.warn(takeForeground(tty))
+			}
 			break wait
 		case sig := <-r.sigs:
 			r.warn(signalGroup(pid, sig))
