@@ -1,6 +1,7 @@
 package main
 
 import (
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -27,6 +28,9 @@ func TestUsage(t *testing.T) {
 	}{
 		{nil, nil, exitUsage, "etcdlock run [flags] NAME -- COMMAND"},
 		{[]string{"help"}, nil, 0, "etcdlock holders [flags] NAME"},
+		{[]string{"version"}, nil, 0, "etcdlock "},
+		{[]string{"--version"}, nil, 0, runtime.Version()},
+		{[]string{"version", "x"}, nil, exitUsage, "unexpected argument"},
 		{[]string{"-h"}, nil, 0, "etcdlock demo [flags]"},
 		{[]string{"--help"}, nil, 0, "etcdlock run"},
 		{[]string{"help", "run"}, nil, 0, "--kill-grace"},
