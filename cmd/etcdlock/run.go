@@ -138,7 +138,7 @@ func (g *graceFlag) value(ttl time.Duration) time.Duration {
 // the lock's Done closes after a silence of 2/3 of the TTL, so SIGKILL at
 // 2/3 + 1/6 leaves a sixth of the TTL before etcd can expire the lease.
 func defaultGrace(ttl time.Duration) time.Duration {
-	return min(maxKillGrace, ttl/6)
+	return min(maxKillGrace, (ttl / 6).Truncate(time.Millisecond))
 }
 
 // silentAt is how long after the last acknowledged keep-alive the lock's
