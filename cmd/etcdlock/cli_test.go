@@ -195,3 +195,22 @@ func TestEndpointList(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }
+
+func TestEndpointAddr(t *testing.T) {
+	for _, tc := range []struct {
+		ep, want string
+		ok       bool
+	}{
+		{"127.0.0.1:2379", "127.0.0.1:2379", true},
+		{"http://etcd-1:2379", "etcd-1:2379", true},
+		{"https://u:pw@etcd-1:2379", "etcd-1:2379", true},
+		{"u:pw@[::1]:2379", "[::1]:2379", true},
+		{"unix:///run/etcd.sock", "", false},
+		{"etcd-1", "", false},
+	} {
+		got, ok := endpointAddr(tc.ep)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("endpointAddr(%q): got %q, %v; want %q, %v", tc.ep, got, ok, tc.want, tc.ok)
+		}
+	}
+}

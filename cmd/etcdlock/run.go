@@ -457,6 +457,10 @@ func (r *runner) runHeld() error {
 		inForeground(cmd.SysProcAttr, tty)
 	}
 	if err := cmd.Start(); err != nil {
+		if fg {
+			// The child may have taken the terminal before its exec failed.
+			r.warn(takeForeground(tty))
+		}
 		r.unlock()
 		code := exitCannotRun
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
