@@ -1,6 +1,7 @@
 package main
 
 import (
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -27,6 +28,9 @@ func TestUsage(t *testing.T) {
 	}{
 		{nil, nil, exitUsage, "etcdlock run [flags] NAME -- COMMAND"},
 		{[]string{"help"}, nil, 0, "etcdlock holders [flags] NAME"},
+		{[]string{"version"}, nil, 0, "etcdlock "},
+		{[]string{"--version"}, nil, 0, runtime.Version()},
+		{[]string{"version", "x"}, nil, exitUsage, "unexpected argument"},
 		{[]string{"-h"}, nil, 0, "etcdlock demo [flags]"},
 		{[]string{"--help"}, nil, 0, "etcdlock run"},
 		{[]string{"help", "run"}, nil, 0, "--kill-grace"},
@@ -44,9 +48,20 @@ func TestUsage(t *testing.T) {
 		{[]string{"run", "--bogus", "n", "--", "true"}, nil, exitUsage, "-bogus"},
 		{[]string{"run", "--ttl", "banana", "n", "--", "true"}, nil, exitUsage, "-ttl"},
 		{[]string{"run", "--ttl", "0s", "n", "--", "true"}, nil, exitUsage, "--ttl must be positive"},
+		{[]string{"run", "--ttl", "5", "n", "--", "true"}, nil, exitUsage, "5s for 5 seconds"},
+		{[]string{"run", "--wait", "30", "n", "--", "true"}, nil, exitUsage, "30s for 30 seconds"},
+		{[]string{"run", "--kill-grace", "2", "n", "--", "true"}, nil, exitUsage, "2s for 2 seconds"},
+		{[]string{"run", "n", "--", "true"}, map[string]string{"ETCDCTL_DIAL_TIMEOUT": "3"}, exitUsage, "ETCDCTL_DIAL_TIMEOUT: a duration needs a unit: 3s"},
 		{[]string{"run", "--wait", "-1s", "n", "--", "true"}, nil, exitUsage, "must not be negative"},
-		{[]string{"run", "--kill-grace", "-1s", "n", "--", "true"}, nil, exitUsage, "--kill-grace"},
+		{[]string{"run", "--kill-grace", "-1s", "n", "--", "true"}, nil, exitUsage, "-kill-grace"},
 		{[]string{"run", "n", "--wait", "soon", "--", "true"}, nil, exitUsage, "-wait"},
+		{[]string{"run", "--conflict-exit-code", "256", "n", "--", "true"}, nil, exitUsage, "--conflict-exit-code must be from 0 to 255"},
+		{[]string{"run", "--conflict-exit-code", "-1", "n", "--", "true"}, nil, exitUsage, "--conflict-exit-code"},
+		{[]string{"help", "run"}, nil, 0, "flock's -E"},
+		{[]string{"help", "run"}, nil, 0, "--shared"},
+		{[]string{"run", "--limit", "0", "n", "--", "true"}, nil, exitUsage, "--limit must be at least 1"},
+		{[]string{"run", "--shared", "--limit", "2", "n", "--", "true"}, nil, exitUsage, "--shared and --limit"},
+		{[]string{"run", "--identity", "x", "--identity-cmd", "n", "--", "true"}, nil, exitUsage, "not with --identity"},
 		{[]string{"run", "--endpoints", ",", "n", "--", "true"}, nil, exitUsage, "no etcd endpoints"},
 		{[]string{"run", "--dial-timeout", "0s", "n", "--", "true"}, nil, exitUsage, "--dial-timeout"},
 		{[]string{"run", "--cert", "c.pem", "n", "--", "true"}, nil, exitUsage, "--cert and --key"},
@@ -178,5 +193,24 @@ func TestEndpointList(t *testing.T) {
 	got := endpointList(cfg)
 	if want := "https://REDACTED@h:1,REDACTED@h:2,h:3"; got != want {
 		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestEndpointAddr(t *testing.T) {
+	for _, tc := range []struct {
+		ep, want string
+		ok       bool
+	}{
+		{"127.0.0.1:2379", "127.0.0.1:2379", true},
+		{"http://etcd-1:2379", "etcd-1:2379", true},
+		{"https://u:pw@etcd-1:2379", "etcd-1:2379", true},
+		{"u:pw@[::1]:2379", "[::1]:2379", true},
+		{"unix:///run/etcd.sock", "", false},
+		{"etcd-1", "", false},
+	} {
+		got, ok := endpointAddr(tc.ep)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("endpointAddr(%q): got %q, %v; want %q, %v", tc.ep, got, ok, tc.want, tc.ok)
+		}
 	}
 }

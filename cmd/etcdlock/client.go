@@ -4,9 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// probeAfter is how long connect waits for etcd's first answer before it
+// dials the endpoints itself to tell why there is none: a healthy etcd
+// answers well within it, and never sees those dials.
+const probeAfter = 300 * time.Millisecond
 
 // connect returns a client of cfg once etcd has answered a read of key within
 // the dial timeout, which proves that it is reachable, accepts our
@@ -22,14 +34,96 @@ func connect(ctx context.Context, cfg clientv3.Config, key string) (*clientv3.Cl
 	}
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
-	if _, err := cli.Get(pctx, key, clientv3.WithCountOnly()); err != nil {
+	// A refused connection or an unknown host is said as such, at once,
+	// rather than as a timeout once the dial timeout has passed.
+	down := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-pctx.Done():
+			return
+		case <-time.After(probeAfter):
+		}
+		if err := unreachable(pctx, cfg.Endpoints); err != nil {
+			down <- err
+			cancel()
+		}
+	})
+	_, err = cli.Get(pctx, key, clientv3.WithCountOnly())
+	cancel()
+	wg.Wait()
+	if err != nil {
 		cli.Close()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		select {
+		case err := <-down:
+			return nil, withStatus(exitUnavailable, err)
+		default:
+		}
 		return nil, unavailable(cfg, err)
 	}
 	return cli, nil
+}
+
+// unreachable dials each endpoint once, and if every one refuses the
+// connection or names a host that does not exist, returns an error that
+// says so; else nil (one answered, or failed in a way the dial timeout
+// will tell). It does not dial through a proxy, so it tells nothing when
+// one is configured.
+func unreachable(ctx context.Context, endpoints []string) error {
+	for _, v := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
+		if os.Getenv(v) != "" {
+			return nil
+		}
+	}
+	var why []string
+	for _, ep := range endpoints {
+		addr, ok := endpointAddr(ep)
+		if !ok {
+			return nil
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		shown := endpointList(clientv3.Config{Endpoints: []string{ep}})
+		dnsErr, isDNS := errors.AsType[*net.DNSError](err)
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED):
+			why = append(why, shown+": connection refused (is etcd running there?)")
+		case isDNS && dnsErr.IsNotFound:
+			why = append(why, fmt.Sprintf("%s: unknown host %q", shown, dnsErr.Name))
+		default:
+			return nil
+		}
+	}
+	if len(why) == 0 {
+		return nil
+	}
+	return fmt.Errorf("etcd unreachable: %s", strings.Join(why, "; "))
+}
+
+// endpointAddr returns the host:port that endpoint ep dials over TCP, and
+// false for one that is not TCP (unix sockets) or has no port.
+func endpointAddr(ep string) (string, bool) {
+	if strings.Contains(ep, "://") {
+		u, err := url.Parse(ep)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+			return "", false
+		}
+		ep = u.Host
+	}
+	if at := strings.LastIndex(ep, "@"); at >= 0 {
+		ep = ep[at+1:]
+	}
+	if _, port, err := net.SplitHostPort(ep); err != nil || port == "" {
+		return "", false
+	}
+	return ep, true
 }
 
 // unavailable is the error of etcd being unreachable or refusing a request.

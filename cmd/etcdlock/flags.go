@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,47 @@ func newCommandFlags(name, synopsis, about string) *commandFlags {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	return &commandFlags{FlagSet: fs, synopsis: synopsis, about: about}
+}
+
+// parseDuration parses a Go duration, and says what a number without a
+// unit would mean in seconds: "--ttl 5" asks for "5s".
+func parseDuration(s, examples string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err == nil {
+		return d, nil
+	}
+	if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		return 0, fmt.Errorf("a duration needs a unit: %ss for %s seconds", s, s)
+	}
+	return 0, fmt.Errorf("not a duration such as %s", examples)
+}
+
+// durationFlag is a time.Duration flag whose errors say what was meant.
+type durationFlag struct {
+	d        *time.Duration
+	examples string
+}
+
+func (f durationFlag) String() string {
+	if f.d == nil {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f durationFlag) Set(s string) error {
+	d, err := parseDuration(s, f.examples)
+	if err != nil {
+		return err
+	}
+	*f.d = d
+	return nil
+}
+
+// durationVar defines a duration flag with errors that say what was meant.
+func (c *commandFlags) durationVar(p *time.Duration, name string, value time.Duration, examples, usage string) {
+	*p = value
+	c.Var(durationFlag{d: p, examples: examples}, name, usage)
 }
 
 // parse parses flags from args up to the first other argument, and reports
@@ -80,8 +122,11 @@ func (c *commandFlags) printUsage(w io.Writer) {
 		for _, name := range g.names {
 			f := c.Lookup(name)
 			typ, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(w, "  --%s %s\n      %s", f.Name, typ, usage)
-			if f.DefValue != "" {
+			if typ != "" {
+				typ = " " + typ
+			}
+			fmt.Fprintf(w, "  --%s%s\n      %s", f.Name, typ, usage)
+			if f.DefValue != "" && f.DefValue != "false" {
 				fmt.Fprintf(w, " (default %s)", f.DefValue)
 			}
 			fmt.Fprintln(w)
@@ -136,7 +181,7 @@ func (cf *connFlags) register(c *commandFlags, env bool) {
 		endpoints, usage = "", "comma-separated etcd `endpoints`; without it, an etcd embedded in this process"
 	}
 	c.StringVar(&cf.endpoints, "endpoints", endpoints, usage)
-	c.DurationVar(&cf.dialTimeout, "dial-timeout", defaultDialTimeout, "give up if etcd does not answer within this `duration`")
+	c.durationVar(&cf.dialTimeout, "dial-timeout", defaultDialTimeout, "2s or 500ms", "give up if etcd does not answer within this `duration`")
 	c.StringVar(&cf.cacert, "cacert", "", "verify the server's certificate with this CA bundle `file`; enables TLS")
 	c.StringVar(&cf.cert, "cert", "", "client certificate `file` for TLS, with --key")
 	c.StringVar(&cf.key, "key", "", "client private key `file` for TLS, with --cert")
@@ -167,9 +212,9 @@ func (cf *connFlags) fromEnv(c *commandFlags, getenv func(string) string) error 
 		case "endpoints":
 			cf.endpoints = v
 		case "dial-timeout":
-			d, err := time.ParseDuration(v)
+			d, err := parseDuration(v, "2s or 500ms")
 			if err != nil {
-				return usagef(c.Name(), "%s: not a duration such as 2s or 500ms", e.env)
+				return usagef(c.Name(), "%s: %v", e.env, err)
 			}
 			cf.dialTimeout = d
 		case "cacert":

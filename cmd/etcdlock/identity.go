@@ -20,7 +20,7 @@ type identityFlag struct {
 
 func (f *identityFlag) String() string {
 	if f == nil || !f.set {
-		return "host=<hostname> pid=<pid> cmd=<COMMAND ARGS>"
+		return "host=<hostname> pid=<pid>"
 	}
 	return f.s
 }
@@ -30,23 +30,27 @@ func (f *identityFlag) Set(s string) error {
 	return nil
 }
 
-// value returns the identity run stores for command.
-func (f *identityFlag) value(command []string) string {
-	if f.set {
+// value returns the identity run stores for command: --identity if set,
+// else the default, with the command line if withCmd (--identity-cmd).
+func (f *identityFlag) value(command []string, withCmd bool) string {
+	switch {
+	case f.set:
 		return f.s
+	case withCmd:
+		return defaultIdentity() + " cmd=" + truncate(shellJoin(command), maxIdentityCommand)
 	}
-	return defaultIdentity(command)
+	return defaultIdentity()
 }
 
 // defaultIdentity names this process for whoever reads the lock's keys:
-// host, pid, and command as a shell would take it, truncated to
-// maxIdentityCommand bytes.
-func defaultIdentity(command []string) string {
+// host and pid. Not the command line, whose arguments may hold secrets
+// that anyone who can read the lock would see.
+func defaultIdentity() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"
 	}
-	return fmt.Sprintf("host=%s pid=%d cmd=%s", host, os.Getpid(), truncate(shellJoin(command), maxIdentityCommand))
+	return fmt.Sprintf("host=%s pid=%d", host, os.Getpid())
 }
 
 // shellJoin returns args as one command line that a POSIX shell splits back

@@ -74,24 +74,25 @@ func TestDefaultIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prefix := fmt.Sprintf("host=%s pid=%d cmd=", host, os.Getpid())
-	if got, want := defaultIdentity([]string{"sh", "-c", "sleep 1"}), prefix+"sh -c 'sleep 1'"; got != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
-	long := defaultIdentity([]string{"echo", strings.Repeat("x", 1000)})
-	cmd, ok := strings.CutPrefix(long, prefix)
-	if !ok || len(cmd) > maxIdentityCommand || !strings.HasPrefix(cmd, "echo xxx") || !strings.HasSuffix(cmd, "...") {
-		t.Errorf("long command: got %q, want %q then at most %d bytes of the command, ending in ...", long, prefix, maxIdentityCommand)
-	}
+	plain := fmt.Sprintf("host=%s pid=%d", host, os.Getpid())
 	var f identityFlag
-	if got := f.value([]string{"true"}); got != prefix+"true" {
-		t.Errorf("--identity not given: got %q, want %q", got, prefix+"true")
+	secret := []string{"mysqldump", "-pS3CRET", "db"}
+	if got := f.value(secret, false); got != plain {
+		t.Errorf("default: got %q, want %q, without the command", got, plain)
+	}
+	if got, want := f.value([]string{"sh", "-c", "sleep 1"}, true), plain+" cmd=sh -c 'sleep 1'"; got != want {
+		t.Errorf("--identity-cmd: got %q, want %q", got, want)
+	}
+	long := f.value([]string{"echo", strings.Repeat("x", 1000)}, true)
+	cmd, ok := strings.CutPrefix(long, plain+" cmd=")
+	if !ok || len(cmd) > maxIdentityCommand || !strings.HasPrefix(cmd, "echo xxx") || !strings.HasSuffix(cmd, "...") {
+		t.Errorf("--identity-cmd, long command: got %q, want %q then at most %d bytes of the command, ending in ...", long, plain+" cmd=", maxIdentityCommand)
 	}
 	for _, id := range []string{"nightly report", ""} {
 		if err := f.Set(id); err != nil {
 			t.Fatal(err)
 		}
-		if got := f.value([]string{"true"}); got != id {
+		if got := f.value([]string{"true"}, false); got != id {
 			t.Errorf("--identity %q: got %q", id, got)
 		}
 	}

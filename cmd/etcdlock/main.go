@@ -93,6 +93,12 @@ func cli(args []string, sio stdio) int {
 		err = demoCommand(rest, sio)
 	case "help", "-h", "-help", "--help":
 		return help(rest, sio)
+	case "version", "--version":
+		if len(rest) > 0 {
+			return report(usagef("", "unexpected argument %q after version", rest[0]), sio)
+		}
+		fmt.Fprintln(sio.out, version())
+		return 0
 	default:
 		err = usagef("", "unknown command %q", cmd)
 	}
@@ -130,6 +136,7 @@ Usage:
                                                   with --watch, again after every change
   etcdlock demo [flags]                           a self-checking demo on an embedded etcd
   etcdlock help [COMMAND]                         this help, or the flags of COMMAND
+  etcdlock version                                etcdlock's version, Go version and platform
 
 Exit statuses of run: the command's own; 64 usage, 69 etcd unreachable,
 74 lock lost, 75 lock busy; 126/127 command not runnable / not found;

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -18,8 +19,9 @@ import (
 )
 
 const (
-	defaultTTL       = 10 * time.Second
-	defaultKillGrace = 10 * time.Second
+	defaultTTL = 10 * time.Second
+	// maxKillGrace caps the default --kill-grace, a sixth of the TTL.
+	maxKillGrace = 10 * time.Second
 	// tryTimeout bounds --wait 0, which has no wait of its own to bound it.
 	tryTimeout = 5 * time.Second
 )
@@ -27,30 +29,46 @@ const (
 const runAbout = `Runs COMMAND while holding the lock NAME, like flock(1) across machines, and
 stops COMMAND before the lock can pass to anyone else.
 
+By default the hold is exclusive: one run at a time, and it also excludes
+etcdctl lock and etcd's concurrency.Mutex on NAME. --shared runs hold
+together, as flock -s, but never beside an exclusive run. --limit N lets at
+most N runs with --limit N hold at once, as consul lock -n N.
+
 Waits for the lock (see --wait), then starts COMMAND in a process group of
-its own, with ETCDLOCK_KEY and ETCD_LOCK_KEY set to the lock's etcd key and
+its own (the terminal's foreground group while it runs, if stdin is a
+terminal and etcdlock is its foreground job, so that COMMAND may read it),
+with ETCDLOCK_KEY and ETCD_LOCK_KEY set to the lock's etcd key and
 ETCDLOCK_TOKEN and ETCD_LOCK_REV to its fencing token (the key's create
 revision). Exits with COMMAND's status (128+N if signal N killed it), and
 releases the lock once COMMAND has exited.
 
 Its key in etcd holds an identity, which etcdlock holders shows: by default
-host=<hostname> pid=<pid> cmd=<COMMAND ARGS> (shell-quoted, cut to 200
-bytes); --identity sets another. It is stored in clear in etcd, readable by
-anyone who can read the lock: keep secrets out of the command line, or set
---identity. While it waits for more than 3s, etcdlock says on stderr who
+host=<hostname> pid=<pid>; --identity-cmd adds cmd=<COMMAND ARGS>
+(shell-quoted, cut to 200 bytes); --identity sets another. It is stored in
+clear in etcd, readable by anyone who can read the lock: with
+--identity-cmd, keep secrets out of the command line. While it waits for more than 3s, etcdlock says on stderr who
 holds the lock (its identity, and for how long at least), and again each time
 the holder changes.
 
 If the lock is lost, or about to be (its key deleted, its lease revoked or
 expired, or etcd silent for 2/3 of --ttl), COMMAND's process group gets
-SIGTERM, then SIGKILL after --kill-grace, and etcdlock exits 74.
+SIGTERM, then SIGKILL after --kill-grace, and etcdlock exits 74. With the
+default --kill-grace (a sixth of the TTL, at most 10s), cut off from etcd,
+COMMAND's group is killed at 5/6 of the TTL after the last keep-alive etcd
+acknowledged: before the lease can expire. A --kill-grace that would
+send SIGKILL after that is warned about.
 SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to
 COMMAND's process group while it runs; while waiting, they make etcdlock
 give up, leave no key behind, and exit 128+N.
 
+For scripts written for flock(1): --wait 0 is flock's -n, --wait 30s its
+-w 30, --conflict-exit-code its -E, --quiet (-q) its -q. A busy lock's
+message names its holder, unless --quiet.
+
 Exit statuses: COMMAND's own; 64 usage; 69 etcd unreachable or refused us;
-74 lock lost; 75 lock busy (--wait ran out); 126 COMMAND could not be
-started; 127 COMMAND not found; 128+N signal N while waiting.
+74 lock lost; 75 lock busy (--wait ran out; see --conflict-exit-code); 126
+COMMAND could not be started; 127 COMMAND not found; 128+N signal N while
+waiting.
 `
 
 // waitFlag is --wait: how long to wait for the lock, forever if not set.
@@ -71,9 +89,9 @@ func (w *waitFlag) Set(s string) error {
 		*w = waitFlag{}
 		return nil
 	}
-	d, err := time.ParseDuration(s)
+	d, err := parseDuration(s, "0, 30s or 5m, nor forever")
 	if err != nil {
-		return errors.New("not a duration such as 0, 30s or 5m, nor forever")
+		return err
 	}
 	if d < 0 {
 		return errors.New("must not be negative")
@@ -82,23 +100,101 @@ func (w *waitFlag) Set(s string) error {
 	return nil
 }
 
+// graceFlag is --kill-grace: the time between SIGTERM and SIGKILL, or, if
+// not set, defaultGrace of the TTL.
+type graceFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (g *graceFlag) String() string {
+	if g == nil || !g.set {
+		return "TTL/6, at most 10s"
+	}
+	return g.d.String()
+}
+
+func (g *graceFlag) Set(s string) error {
+	d, err := parseDuration(s, "0, 2s or 500ms")
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
+	}
+	*g = graceFlag{d: d, set: true}
+	return nil
+}
+
+// value returns the grace for a session of the given TTL.
+func (g *graceFlag) value(ttl time.Duration) time.Duration {
+	if g.set {
+		return g.d
+	}
+	return defaultGrace(ttl)
+}
+
+// defaultGrace is the --kill-grace that keeps run's promise with a TTL:
+// the lock's Done closes after a silence of 2/3 of the TTL, so SIGKILL at
+// 2/3 + 1/6 leaves a sixth of the TTL before etcd can expire the lease.
+func defaultGrace(ttl time.Duration) time.Duration {
+	return min(maxKillGrace, (ttl / 6).Truncate(time.Millisecond))
+}
+
+// silentAt is how long after the last acknowledged keep-alive the lock's
+// Done closes when etcd goes silent: the library's two thirds of the TTL.
+func silentAt(ttl time.Duration) time.Duration { return ttl - ttl/3 }
+
+// lateKill returns by how much SIGKILL, grace after the SIGTERM of a
+// silence, comes after the earliest expiry of a lease of ttl counted from
+// the same acknowledgement; zero or less if it comes before.
+func lateKill(ttl, grace time.Duration) time.Duration {
+	return silentAt(ttl) + grace - ttl
+}
+
+// roundTTL rounds ttl up to whole seconds, as the lease is granted.
+func roundTTL(ttl time.Duration) time.Duration {
+	return (ttl + time.Second - 1).Truncate(time.Second)
+}
+
 type runOptions struct {
 	conn     connFlags
 	obs      observeFlags
 	ttl      time.Duration
 	wait     waitFlag
-	grace    time.Duration
+	grace    graceFlag
 	identity identityFlag
+	withCmd  bool // --identity-cmd
+	conflict int  // --conflict-exit-code
+	quiet    bool // --quiet, -q
+	shared   bool // --shared
+	limit    int  // --limit; 0 if not given
+}
+
+func (o *runOptions) mode() lockMode {
+	switch {
+	case o.shared:
+		return shared
+	case o.limit > 0:
+		return counted
+	}
+	return exclusive
 }
 
 func newRunFlags() (*commandFlags, *runOptions) {
 	c := newCommandFlags("run", "[flags] NAME -- COMMAND [ARGS...]", runAbout)
 	o := &runOptions{}
-	c.DurationVar(&o.ttl, "ttl", defaultTTL, "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
-	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once")
-	c.DurationVar(&o.grace, "kill-grace", defaultKillGrace, "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once")
+	c.durationVar(&o.ttl, "ttl", defaultTTL, "10s or 1m", "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
+	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once, as flock's -n")
+	c.Var(&o.grace, "kill-grace", "`time` between SIGTERM and SIGKILL when the lock is lost; 0 sends SIGKILL at once; a time that lets COMMAND outlive the lease gets a warning")
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "kill-grace", "identity"}})
+	c.BoolVar(&o.withCmd, "identity-cmd", false, "add cmd=<COMMAND ARGS> to the default identity: stored in clear in etcd, so only for command lines without secrets")
+	c.BoolVar(&o.shared, "shared", false, "a shared hold, as flock's -s: many --shared runs at once, none beside a run without it")
+	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N")
+	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
+	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
+	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "shared", "limit", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -119,8 +215,25 @@ func runCommand(args []string, sio stdio) error {
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
 	}
-	if o.grace < 0 {
-		return usagef("run", "--kill-grace must not be negative, got %v", o.grace)
+	limitSet := false
+	fs.Visit(func(f *flag.Flag) { limitSet = limitSet || f.Name == "limit" })
+	switch {
+	case limitSet && o.limit < 1:
+		return usagef("run", "--limit must be at least 1, got %d", o.limit)
+	case limitSet && o.shared:
+		return usagef("run", "--shared and --limit are two kinds of lock: give one")
+	}
+	if o.withCmd && o.identity.set {
+		return usagef("run", "--identity-cmd adds the command to the default identity: not with --identity")
+	}
+	if o.conflict < 0 || o.conflict > 255 {
+		return usagef("run", "--conflict-exit-code must be from 0 to 255, got %d", o.conflict)
+	}
+	if ttl := roundTTL(o.ttl); o.grace.set {
+		if late := lateKill(ttl, o.grace.d); late >= 0 {
+			fmt.Fprintf(sio.err, "etcdlock: warning: --kill-grace %v with --ttl %v: cut off from etcd, COMMAND gets SIGKILL %v after the lease can expire (SIGTERM %v after the last acknowledged keep-alive, SIGKILL at %v, expiry at %v); a --kill-grace below %v stops it in time\n",
+				o.grace.d, ttl, late.Round(time.Millisecond), silentAt(ttl).Round(time.Millisecond), (silentAt(ttl) + o.grace.d).Round(time.Millisecond), ttl, (ttl - silentAt(ttl)).Truncate(time.Millisecond))
+		}
 	}
 	if err := o.conn.fromEnv(fs, sio.getenv); err != nil {
 		return err
@@ -148,7 +261,7 @@ func runCommand(args []string, sio stdio) error {
 		signal.Notify(sigs, caught...)
 		defer signal.Stop(sigs)
 	}
-	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs}
+	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs, losses: make(chan etcdlock.LossReason, 2)}
 	return r.run()
 }
 
@@ -163,19 +276,21 @@ type runner struct {
 	sigs    chan os.Signal
 	obs     *observing
 
-	cli *clientv3.Client
-	s   *etcdlock.Session
-	m   *etcdlock.Mutex
+	cli   *clientv3.Client
+	s     *etcdlock.Session
+	l     *runLock
+	grace time.Duration // --kill-grace, or its default for the lease's TTL
+	// losses gets the reason of each hold lost, from the Session's
+	// observer, which learns it at most a read after Done closes.
+	losses chan etcdlock.LossReason
 }
 
 func (r *runner) run() error {
-	sig, held, err := r.acquire()
+	sig, err := r.acquire()
 	defer r.close()
 	switch {
 	case sig != nil:
-		if held {
-			r.unlock()
-		}
+		r.unlock()
 		return withStatus(128+signalNumber(sig), fmt.Errorf("%v (signal %d) while waiting for the lock %q: withdrew", sig, signalNumber(sig), r.name))
 	case err != nil:
 		return err
@@ -191,8 +306,9 @@ func (r *runner) run() error {
 }
 
 // acquire connects to etcd and takes the lock. If one of the signals arrives
-// first, it gives up, leaves no key of its own, and returns the signal.
-func (r *runner) acquire() (sig os.Signal, held bool, err error) {
+// first, it gives up and returns the signal; run then releases what was
+// taken, so that no key of its own is left.
+func (r *runner) acquire() (sig os.Signal, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	caught := make(chan os.Signal, 1)
 	var wg sync.WaitGroup
@@ -204,71 +320,127 @@ func (r *runner) acquire() (sig os.Signal, held bool, err error) {
 		case <-ctx.Done():
 		}
 	})
-	held, err = r.lock(ctx)
+	err = r.lock(ctx)
 	cancel()
 	wg.Wait()
 	select {
 	case sig = <-caught:
 	default:
 	}
-	return sig, held, err
+	return sig, err
 }
 
-// lock takes the lock as --wait says. ctx ends only on a signal, which
-// acquire reports; run then looks only at held, which says whether the lock
-// was taken all the same, and not at the error (nil if ctx ended the wait,
-// ctx.Err() if it ended the connect).
-func (r *runner) lock(ctx context.Context) (bool, error) {
+// lock takes the lock as --wait says, step by step. ctx ends only on a
+// signal, which acquire reports; run then looks only at what is held, not
+// at the error (nil if ctx ended the wait, ctx.Err() if it ended the
+// connect). On any other failure, lock releases what it took.
+func (r *runner) lock(ctx context.Context) error {
 	cli, err := connect(ctx, r.cfg, r.name+"/")
 	if err != nil {
-		return false, err
+		return err
 	}
 	r.cli = cli
-	opts := []etcdlock.SessionOption{etcdlock.WithTTL(r.opts.ttl), etcdlock.WithIdentity(r.opts.identity.value(r.command))}
+	opts := []etcdlock.SessionOption{
+		etcdlock.WithTTL(r.opts.ttl),
+		etcdlock.WithIdentity(r.opts.identity.value(r.command, r.opts.withCmd)),
+		etcdlock.WithObserver(etcdlock.ObserverFunc(r.noteLoss)),
+	}
 	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
-		return false, unavailable(r.cfg, err)
+		return unavailable(r.cfg, err)
 	}
 	r.s = s
-	r.m = etcdlock.NewMutex(s, r.name)
+	r.l = newRunLock(s, r.name, r.opts.mode(), r.opts.limit)
+	r.grace = r.opts.grace.value(s.TTL())
 
-	held := false
+	var deadline time.Time
+	if r.opts.wait.set {
+		deadline = time.Now().Add(r.opts.wait.d)
+	}
+	for _, st := range r.l.steps() {
+		held, err := r.take(ctx, st, deadline)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil && held:
+			continue
+		case errors.Is(err, etcdlock.ErrSessionExpired):
+			err = withStatus(exitUnavailable, fmt.Errorf("lease lost while waiting for the lock %q (etcd unreachable for the whole --ttl %v, or the lease was revoked)", r.name, r.s.TTL()))
+		case errors.Is(err, etcdlock.ErrLimitMismatch):
+			err = withStatus(exitUsage, fmt.Errorf("--limit %d: %w", r.opts.limit, err))
+		case err != nil:
+			err = unavailable(r.cfg, err)
+		default:
+			err = r.busy(st)
+		}
+		r.unlock()
+		return err
+	}
+	return nil
+}
+
+// take runs one step as --wait says: wait as long as it takes, try once,
+// or wait until deadline.
+func (r *runner) take(ctx context.Context, st step, deadline time.Time) (bool, error) {
 	wait := r.opts.wait
 	switch {
 	case !wait.set:
-		stop := reportHolders(s, r.name, r.sio.err)
-		err = r.m.LockContext(ctx)
-		stop()
-		held = err == nil
+		defer r.reportHolders(st)()
+		err := st.lock(ctx)
+		return err == nil, err
 	case wait.d == 0:
 		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
-		held, err = r.m.TryLockFor(tctx, 0)
-		cancel()
+		defer cancel()
+		return st.try(tctx, 0)
+	}
+	defer r.reportHolders(st)()
+	return st.try(ctx, max(0, time.Until(deadline)))
+}
+
+// busy is the error of a lock held for the whole --wait: silent with
+// --quiet, else naming the holder that st waits for, if it can be read.
+func (r *runner) busy(st step) error {
+	if r.opts.quiet {
+		return withStatus(r.opts.conflict, nil)
+	}
+	who := "someone else"
+	ctx, cancel := context.WithTimeout(context.Background(), holderReadTimeout)
+	entries, err := etcdlock.Inspect(ctx, r.cli, r.name)
+	cancel()
+	if h, ok := st.blocker(entries, r.s.Lease()); err == nil && ok {
+		who = describeHolder(h)
+	}
+	held := "holds it"
+	if r.opts.wait.d > 0 {
+		held = fmt.Sprintf("still held it after --wait %v", r.opts.wait.d)
+	}
+	var msg string
+	switch r.opts.mode() {
+	case counted:
+		msg = fmt.Sprintf("lock %q is busy: all its %d permits are taken; the oldest holder, %s, %s", r.name, r.opts.limit, who, held)
+	case shared:
+		msg = fmt.Sprintf("lock %q is busy for a shared hold: %s %s", r.name, who, held)
 	default:
-		stop := reportHolders(s, r.name, r.sio.err)
-		held, err = r.m.TryLockFor(ctx, wait.d)
-		stop()
+		msg = fmt.Sprintf("lock %q is busy: %s %s", r.name, who, held)
 	}
-	switch {
-	case ctx.Err() != nil:
-		return held, nil
-	case errors.Is(err, etcdlock.ErrSessionExpired):
-		return false, withStatus(exitUnavailable, fmt.Errorf("lease lost while waiting for the lock %q (etcd unreachable for the whole --ttl %v, or the lease was revoked)", r.name, r.s.TTL()))
-	case err != nil:
-		return false, unavailable(r.cfg, err)
-	case !held && wait.d == 0:
-		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: someone else holds it", r.name))
-	case !held:
-		return false, withStatus(exitBusy, fmt.Errorf("lock %q is busy: someone else still held it after --wait %v", r.name, wait.d))
+	return withStatus(r.opts.conflict, errors.New(msg))
+}
+
+// reportHolders says who holds what st waits for while run waits, unless
+// --quiet.
+func (r *runner) reportHolders(st step) (stop func()) {
+	if r.opts.quiet {
+		return func() {}
 	}
-	return true, nil
+	return reportHolders(r.s, r.name, st.blocker, r.sio.err)
 }
 
 // runHeld runs COMMAND under the held lock, stops it if the lock is lost,
 // then releases the lock.
 func (r *runner) runHeld() error {
-	key, token := r.m.Key(), r.m.Token()
-	lost := r.m.Done()
+	key, token := r.l.key(), r.l.token()
+	// An exclusive run holds two locks: the loss of either is the loss.
+	lost, lost2 := r.l.done()
 	cmd := exec.Command(r.command[0], r.command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = r.sio.in, r.sio.out, r.sio.err
 	cmd.Env = append(os.Environ(),
@@ -278,7 +450,17 @@ func (r *runner) runHeld() error {
 		fmt.Sprintf("ETCD_LOCK_REV=%d", token),
 	)
 	cmd.SysProcAttr = childAttr()
+	// An interactive COMMAND reads the terminal as its foreground job; it
+	// has the terminal's signals (Ctrl-C) to itself until it exits.
+	tty, fg := foregroundTTY(r.sio.in)
+	if fg {
+		inForeground(cmd.SysProcAttr, tty)
+	}
 	if err := cmd.Start(); err != nil {
+		if fg {
+			// The child may have taken the terminal before its exec failed.
+			r.warn(takeForeground(tty))
+		}
 		r.unlock()
 		code := exitCannotRun
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
@@ -301,11 +483,17 @@ wait:
 	for {
 		select {
 		case <-exited:
+			if fg {
+				r.warn(takeForeground(tty))
+			}
 			break wait
 		case sig := <-r.sigs:
 			r.warn(signalGroup(pid, sig))
 		case <-lost:
-			lost, lostAt = nil, time.Now()
+			lost, lost2, lostAt = nil, nil, time.Now()
+			kill = r.stop(pid)
+		case <-lost2:
+			lost, lost2, lostAt = nil, nil, time.Now()
 			kill = r.stop(pid)
 		case <-kill:
 			kill = nil
@@ -317,17 +505,19 @@ wait:
 		select {
 		case <-lost:
 			lostAt = time.Now()
+		case <-lost2:
+			lostAt = time.Now()
 		default:
 		}
 	} else {
-		r.stopGroup(pid, lostAt.Add(r.opts.grace))
+		r.stopGroup(pid, lostAt.Add(r.grace))
 	}
 
-	unlockErr := r.m.UnlockContext(context.Background())
+	unlockErr := r.l.release(context.Background())
 	status := exitStatus(cmd.ProcessState)
 	switch {
 	case !lostAt.IsZero():
-		return withStatus(exitLost, fmt.Errorf("lost the lock %q while %s ran (it exited with status %d)", r.name, r.command[0], status))
+		return withStatus(exitLost, fmt.Errorf("lost the lock %q while %s ran (it exited with status %d): %s", r.name, r.command[0], status, r.lossReason(time.Second)))
 	case errors.Is(unlockErr, etcdlock.ErrLockLost), errors.Is(unlockErr, etcdlock.ErrSessionExpired):
 		return withStatus(exitLost, fmt.Errorf("lock %q was gone when %s exited (with status %d): %v", r.name, r.command[0], status, unlockErr))
 	case unlockErr != nil:
@@ -340,17 +530,62 @@ wait:
 }
 
 // stop starts stopping COMMAND's process group after the lock was lost, and
-// returns when to kill it, or nil if it was killed at once.
+// returns when to kill it, or nil if it was killed at once. It says why the
+// lock was lost if the reason has come already: the signal does not wait.
 func (r *runner) stop(pid int) <-chan time.Time {
-	if r.opts.grace == 0 {
-		fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q: killing %s\n", r.name, r.command[0])
+	if r.grace == 0 {
 		r.warn(signalGroup(pid, syscall.SIGKILL))
+		fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (%s): killed %s\n", r.name, r.lossReason(0), r.command[0])
 		return nil
 	}
-	fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (key deleted, lease revoked or expired, or etcd silent): sending SIGTERM to %s, SIGKILL in %v\n",
-		r.name, r.command[0], r.opts.grace)
 	r.warn(signalGroup(pid, syscall.SIGTERM))
-	return time.After(r.opts.grace)
+	fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (%s): sent SIGTERM to %s, SIGKILL in %v\n",
+		r.name, r.lossReason(0), r.command[0], r.grace)
+	return time.After(r.grace)
+}
+
+// noteLoss is the Session's observer: it passes on why a hold was lost.
+func (r *runner) noteLoss(e etcdlock.Event) {
+	if e.Kind != etcdlock.HoldLost {
+		return
+	}
+	select {
+	case r.losses <- e.Reason:
+	default: // an exclusive run's second hold: the first reason tells
+	}
+}
+
+// lossReason says why the lock was lost, waiting at most wait for the
+// Session's observer to say it.
+func (r *runner) lossReason(wait time.Duration) string {
+	var why etcdlock.LossReason
+	select {
+	case why = <-r.losses:
+	default:
+		if wait > 0 {
+			select {
+			case why = <-r.losses:
+			case <-time.After(wait):
+			}
+		}
+	}
+	if why != "" {
+		select {
+		case r.losses <- why: // for a later call
+		default:
+		}
+	}
+	switch why {
+	case etcdlock.LossKeyDeleted:
+		return "its key was deleted while its lease lived: by an operator or another client"
+	case etcdlock.LossLeaseGone:
+		return "its lease was revoked, or expired"
+	case etcdlock.LossKeepAliveSilent:
+		return fmt.Sprintf("etcd acknowledged no keep-alive for 2/3 of the TTL %v: the lease could expire", r.s.TTL())
+	case etcdlock.LossSessionClosed:
+		return "the session ended"
+	}
+	return "reason not known yet: key deleted, lease revoked or expired, or etcd silent"
 }
 
 // stopGroup waits until no process is left in COMMAND's process group,
@@ -365,10 +600,11 @@ func (r *runner) stopGroup(pid int, deadline time.Time) {
 	}
 }
 
-// unlock releases the lock taken by this goroutine, on a bounded context.
+// unlock releases what this goroutine holds of the lock, if anything, on
+// bounded contexts.
 func (r *runner) unlock() {
-	if err := r.m.UnlockContext(context.Background()); err != nil {
-		r.warn(err)
+	if r.l.held() {
+		r.warn(r.l.release(context.Background()))
 	}
 }
 

@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
 )
 
@@ -128,6 +131,47 @@ func TestRunBusy(t *testing.T) {
 	runCLI(t, nil, "run", "--endpoints", ep, "--wait", "0", name, "--", "touch", marker).want(t, 0)
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatalf("the command did not run once the lock was free: %v", err)
+	}
+}
+
+// TestRunBusyFlock: the busy case as scripts written for flock(1) expect
+// it: its exit status (-E), silence on request (-q), and otherwise a message
+// that names the holder.
+func TestRunBusyFlock(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	const who = "host=cron-1 pid=42 nightly"
+	m := etcdlock.NewMutex(newSession(t, cli, etcdlock.WithIdentity(who)), name)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ep := srv.Endpoints()[0]
+	for _, tc := range []struct {
+		name   string
+		flags  []string
+		want   int
+		stderr string // "" for none at all
+	}{
+		{"wait 0", []string{"--wait", "0"}, exitBusy, "busy: " + who + " (key " + m.Key()},
+		{"wait 0, conflict exit code", []string{"--wait", "0", "--conflict-exit-code", "3"}, 3, who},
+		{"wait 0, -q", []string{"--wait", "0", "-q"}, exitBusy, ""},
+		{"wait 300ms, --quiet, conflict exit code 1", []string{"--wait", "300ms", "--quiet", "--conflict-exit-code", "1"}, 1, ""},
+		{"wait 300ms", []string{"--wait", "300ms"}, exitBusy, who + " (key " + m.Key() + fmt.Sprintf(", token %d) still held it after --wait 300ms", m.Token())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{"run", "--endpoints", ep}, tc.flags...), name, "--", "true")
+			r := runCLI(t, nil, args...)
+			r.want(t, tc.want)
+			switch {
+			case tc.stderr == "" && r.stderr != "":
+				t.Errorf("stderr: got %q, want nothing", r.stderr)
+			case !strings.Contains(r.stderr, tc.stderr):
+				t.Errorf("stderr: got %q, want it to contain %q", r.stderr, tc.stderr)
+			}
+		})
 	}
 }
 
@@ -247,12 +291,13 @@ func TestRunLockLost(t *testing.T) {
 		script string // writes its PID, then that of a background child, to $PIDS
 		grace  time.Duration
 		lose   func(context.Context, *keyInfo) error
+		why    string // in the exit message
 	}{
 		// The shell and its background sleep both die of SIGTERM.
-		{"revoked, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, revoke},
-		{"key deleted, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, deleteKey},
+		{"revoked, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, revoke, "its lease was revoked, or expired"},
+		{"key deleted, stops on SIGTERM", `echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 5 * time.Second, deleteKey, "its key was deleted while its lease lived"},
 		// Both ignore SIGTERM: SIGKILL after the grace period.
-		{"revoked, ignores SIGTERM", `trap '' TERM; echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 500 * time.Millisecond, revoke},
+		{"revoked, ignores SIGTERM", `trap '' TERM; echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`, 500 * time.Millisecond, revoke, "its lease was revoked, or expired"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := lockName(t)
@@ -271,7 +316,7 @@ func TestRunLockLost(t *testing.T) {
 			r := p.wait(t)
 			r.want(t, exitLost)
 			took := time.Since(lost)
-			t.Logf("exited %v after the lock was lost", took)
+			t.Logf("exited %v after the lock was lost; stderr:\n%s", took, r.stderr)
 			// Done closes within about 100 ms; the bounds leave room for
 			// slow machines.
 			if took > tc.grace+5*time.Second {
@@ -280,8 +325,8 @@ func TestRunLockLost(t *testing.T) {
 			if tc.grace < time.Second && took < tc.grace {
 				t.Errorf("exited %v after the lock was lost, want SIGKILL only after the grace %v", took, tc.grace)
 			}
-			if !strings.Contains(r.stderr, "lost the lock") {
-				t.Errorf("stderr: got %q, want it to say the lock was lost", r.stderr)
+			if !strings.Contains(r.stderr, "lost the lock") || !strings.Contains(r.stderr, tc.why) {
+				t.Errorf("stderr: got %q, want it to say the lock was lost: %s", r.stderr, tc.why)
 			}
 			for _, pid := range []int{child, grandchild} {
 				if !processGone(pid) {
@@ -325,6 +370,90 @@ func TestRunKeepAliveSilence(t *testing.T) {
 	}
 	r := p.wait(t)
 	r.want(t, exitLost)
+}
+
+// TestRunDefaultsKillBeforeExpiry: with only --ttl, a COMMAND that ignores
+// SIGTERM, and its child, are gone before etcd can expire the lease once
+// etcdlock is cut off from etcd.
+func TestRunDefaultsKillBeforeExpiry(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	_, proxy := srv.ProxiedClient(t)
+	name := lockName(t)
+	pids := filepath.Join(t.TempDir(), "pids")
+	const ttl = 6 * time.Second
+	p := startCLI(t, []string{"PIDS=" + pids}, "run", "--endpoints", proxy.Endpoints()[0], "--ttl", ttl.String(),
+		name, "--", "sh", "-c", `trap '' TERM; echo $$ >"$PIDS"; sleep 60 & echo $! >>"$PIDS"; wait`)
+	leader, child := readPIDs(t, pids)
+	keys := waitKeys(t, cli, name, 1)
+
+	// No acknowledgement reaches etcdlock after the cut: the last one came
+	// before it, and the lease can expire TTL after that one at the earliest.
+	proxy.Blackhole()
+	cut := time.Now()
+	for groupAlive(leader) {
+		if time.Since(cut) > opTimeout {
+			proxy.Unblackhole()
+			syscall.Kill(-leader, syscall.SIGKILL)
+			t.Fatalf("the command's group still runs %v after etcd went silent", opTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	gone := time.Since(cut)
+	after := lockKeys(t, cli, name)
+	proxy.Unblackhole()
+	t.Logf("process group gone %v after etcd went silent (--ttl %v, SIGKILL due at %v after the last ack)", gone, ttl, silentAt(ttl)+defaultGrace(ttl))
+	if gone >= ttl {
+		t.Errorf("process group gone %v after etcd went silent, want before the TTL %v", gone, ttl)
+	}
+	if len(after) != 1 || after[0].rev != keys[0].rev {
+		t.Errorf("keys when the group was gone: got %v, want still %v: it outlived the lease", after, keys)
+	}
+	for _, pid := range []int{leader, child} {
+		if !processGone(pid) {
+			t.Errorf("process %d still runs", pid)
+		}
+	}
+	r := p.wait(t)
+	r.want(t, exitLost)
+	if !strings.Contains(r.stderr, "etcd acknowledged no keep-alive for 2/3 of the TTL 6s") {
+		t.Errorf("stderr: got %q, want it to say etcd went silent", r.stderr)
+	}
+	if strings.Contains(r.stderr, "--kill-grace") {
+		t.Errorf("stderr: got %q, want no warning about the default --kill-grace", r.stderr)
+	}
+}
+
+func TestKillGraceWarning(t *testing.T) {
+	for _, tc := range []struct {
+		ttl, grace time.Duration
+		late       time.Duration // by how much SIGKILL comes after the expiry; <0: none
+	}{
+		{10 * time.Second, time.Second, -1},
+		{6 * time.Second, 5 * time.Second, 3 * time.Second},
+		{6 * time.Second, 2 * time.Second, 0},
+		{1500 * time.Millisecond, 0, -1}, // rounded up to 2s
+	} {
+		ttl := roundTTL(tc.ttl)
+		late := lateKill(ttl, tc.grace)
+		if (tc.late < 0) != (late < 0) || tc.late >= 0 && late != tc.late {
+			t.Errorf("lateKill(%v, %v): got %v, want %v", ttl, tc.grace, late, tc.late)
+		}
+	}
+	for _, ttl := range []time.Duration{time.Second, 2 * time.Second, 6 * time.Second, 10 * time.Second, time.Minute, time.Hour} {
+		if g := defaultGrace(ttl); lateKill(ttl, g) >= -ttl/7 || g > 10*time.Second {
+			t.Errorf("defaultGrace(%v) = %v: SIGKILL %v before the expiry, want at least a sixth of the TTL and a grace of at most 10s", ttl, g, -lateKill(ttl, g))
+		}
+	}
+	// The warning is given before etcdlock connects: no etcd needed.
+	_, _, stderr := callCLI(nil, "run", "--endpoints", ",", "--ttl", "6s", "--kill-grace", "5s", "n", "--", "true")
+	if !strings.Contains(stderr, "SIGKILL 3s after the lease can expire") {
+		t.Errorf("stderr: got %q, want a warning that SIGKILL comes 3s late", stderr)
+	}
+	_, _, stderr = callCLI(nil, "run", "--endpoints", ",", "--ttl", "6s", "--kill-grace", "1s", "n", "--", "true")
+	if strings.Contains(stderr, "warning") {
+		t.Errorf("stderr: got %q, want no warning for --kill-grace 1s with --ttl 6s", stderr)
+	}
 }
 
 // readPIDs reads the two process IDs a test command writes to path.
@@ -392,6 +521,35 @@ func TestRunUnreachable(t *testing.T) {
 			}
 			if strings.Contains(r.stdout+r.stderr, secret) {
 				t.Errorf("output shows the password:\n%s%s", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// TestRunUnreachableSaysWhy: a refused connection and an unknown host are
+// said as such, long before the dial timeout.
+func TestRunUnreachableSaysWhy(t *testing.T) {
+	refused := closedPort(t)
+	for _, tc := range []struct {
+		name, ep, want string
+	}{
+		{"refused", refused, refused + ": connection refused"},
+		{"unknown host", "etcdlock-test.invalid:2379", `etcdlock-test.invalid:2379: unknown host "etcdlock-test.invalid"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "unknown host" {
+				_, err := net.LookupHost("etcdlock-test.invalid")
+				if dnsErr, ok := errors.AsType[*net.DNSError](err); !ok || !dnsErr.IsNotFound {
+					t.Skipf("the resolver does not say that .invalid hosts do not exist: %v", err)
+				}
+			}
+			r := runCLI(t, nil, "run", "--endpoints", tc.ep, "--dial-timeout", "30s", "x", "--", "true")
+			r.want(t, exitUnavailable)
+			if !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("stderr: got %q, want %q", r.stderr, tc.want)
+			}
+			if r.took > 10*time.Second {
+				t.Errorf("took %v, want well within the dial timeout 30s", r.took)
 			}
 		})
 	}

@@ -31,6 +31,7 @@ type holderReport struct {
 	cli   *clientv3.Client
 	name  string
 	lease clientv3.LeaseID // ours: our own key is no one to wait for
+	pick  func([]etcdlock.QueueEntry, clientv3.LeaseID) (etcdlock.QueueEntry, bool)
 	out   io.Writer
 	start time.Time // when the wait began
 
@@ -41,10 +42,11 @@ type holderReport struct {
 }
 
 // reportHolders starts a holderReport of the lock name for the Session s,
-// writing to out, and returns the function that stops it and waits for it.
-func reportHolders(s *etcdlock.Session, name string, out io.Writer) (stop func()) {
+// writing to out the holder pick finds, and returns the function that stops
+// it and waits for it.
+func reportHolders(s *etcdlock.Session, name string, pick func([]etcdlock.QueueEntry, clientv3.LeaseID) (etcdlock.QueueEntry, bool), out io.Writer) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &holderReport{cli: s.Client(), name: name, lease: s.Lease(), out: out, start: time.Now()}
+	h := &holderReport{cli: s.Client(), name: name, lease: s.Lease(), pick: pick, out: out, start: time.Now()}
 	var wg sync.WaitGroup
 	wg.Go(func() { h.run(ctx) })
 	return func() {
@@ -97,17 +99,7 @@ func (h *holderReport) read(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	var holder etcdlock.QueueEntry
-	for _, e := range entries {
-		// A Mutex waits for the holders of its queue, not an RWMutex's.
-		if e.Holds && e.Kind != etcdlock.KindRead && e.Kind != etcdlock.KindWrite {
-			holder = e
-			break
-		}
-	}
-	if holder.Lease == h.lease {
-		holder = etcdlock.QueueEntry{} // ours: the lock is ours now
-	}
+	holder, _ := h.pick(entries, h.lease)
 	if holder.Key != h.holder.Key {
 		h.holder, h.since = holder, time.Now()
 	}
@@ -121,16 +113,21 @@ func (h *holderReport) report() {
 	}
 	h.reported = h.holder.Key
 	now := time.Now()
-	who := "a holder that stored no identity"
-	if h.holder.Identity != "" {
-		who = printable(h.holder.Identity)
-	}
 	// A holder seen for less than a second has just taken the lock, as far
 	// as we know: say so rather than "for at least 0s".
 	held := "now held"
 	if d := now.Sub(h.since); d >= time.Second {
 		held = fmt.Sprintf("held for at least %v", d.Truncate(time.Second))
 	}
-	fmt.Fprintf(h.out, "etcdlock: waiting for the lock %q (%v so far): %s by %s (key %s, token %d)\n",
-		h.name, now.Sub(h.start).Truncate(time.Second), held, who, printable(h.holder.Key), h.holder.Token)
+	fmt.Fprintf(h.out, "etcdlock: waiting for the lock %q (%v so far): %s by %s\n",
+		h.name, now.Sub(h.start).Truncate(time.Second), held, describeHolder(h.holder))
+}
+
+// describeHolder names a holder for a message: its identity, key and token.
+func describeHolder(e etcdlock.QueueEntry) string {
+	who := "a holder that stored no identity"
+	if e.Identity != "" {
+		who = printable(e.Identity)
+	}
+	return fmt.Sprintf("%s (key %s, token %d)", who, printable(e.Key), e.Token)
 }

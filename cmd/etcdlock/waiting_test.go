@@ -51,8 +51,8 @@ func identities(t *testing.T, cli *clientv3.Client, name string) []string {
 	return ids
 }
 
-// TestRunIdentity: run stores host, pid and command in its key, or
-// --identity.
+// TestRunIdentity: run stores host and pid in its key, no argument of
+// COMMAND; the command too with --identity-cmd; or --identity.
 func TestRunIdentity(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -66,7 +66,8 @@ func TestRunIdentity(t *testing.T) {
 		args []string
 		want func(pid int) string
 	}{
-		{"default", nil, func(pid int) string {
+		{"default", nil, func(pid int) string { return fmt.Sprintf("host=%s pid=%d", host, pid) }},
+		{"--identity-cmd", []string{"--identity-cmd"}, func(pid int) string {
 			return fmt.Sprintf(`host=%s pid=%d cmd=sh -c 'while [ ! -e "$GO" ]; do sleep 0.05; done'`, host, pid)
 		}},
 		{"--identity", []string{"--identity", "nightly report #7"}, func(int) string { return "nightly report #7" }},
@@ -76,10 +77,15 @@ func TestRunIdentity(t *testing.T) {
 			name := lockName(t)
 			p, release := startHolding(t, cli, ep, name, tc.args...)
 			got := identities(t, cli, name)
+			for deadline := time.Now().Add(opTimeout); len(got) < 2 && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond) // the write lock comes after the Mutex
+				got = identities(t, cli, name)
+			}
 			release()
 			p.wait(t).want(t, 0)
-			if want := tc.want(p.cmd.Process.Pid); len(got) != 1 || got[0] != want {
-				t.Fatalf("identity: got %q, want [%q]", got, want)
+			// An exclusive run's two keys: its Mutex's and its write lock's.
+			if want := tc.want(p.cmd.Process.Pid); len(got) != 2 || got[0] != want || got[1] != want {
+				t.Fatalf("identity: got %q, want [%q %q]", got, want, want)
 			}
 		})
 	}
