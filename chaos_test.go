@@ -77,7 +77,7 @@ type chaosConfig struct {
 // does not count.
 const minChaosRate = 20
 
-func TestChaos(t *testing.T) { forEachKind(t, testChaos) }
+func TestChaos(t *testing.T) { long(t); forEachKind(t, testChaos) }
 
 func testChaos(t *testing.T, kind string) {
 	cfg := chaosConfig{
@@ -115,7 +115,7 @@ func testChaos(t *testing.T, kind string) {
 // holder's write must show up as lost updates, an overlap, and a history
 // that porcupine finds illegal for the fenced register model. It shows that
 // the checks can fail; one kind of lock is enough for that.
-func TestChaosUnfenced(t *testing.T) { testChaosUnfenced(t, "mutex") }
+func TestChaosUnfenced(t *testing.T) { long(t); testChaosUnfenced(t, "mutex") }
 
 func testChaosUnfenced(t *testing.T, kind string) {
 	cfg := chaosConfig{

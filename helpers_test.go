@@ -379,6 +379,15 @@ func waitUntil(ctx context.Context, cond func() bool) error {
 	return nil
 }
 
+// long skips a test of many seconds under -short, saying so: the fault
+// runs (chaos, holder processes, checked histories) take minutes together.
+func long(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("a long fault run: skipped under -short (go test ./... runs it)")
+	}
+}
+
 // eventually polls cond until it holds, failing the test after testTimeout.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()

@@ -790,6 +790,7 @@ func runContention(t *testing.T, k kind, workers int, d time.Duration) contentio
 // TestHistoryContention checks, with the strict model, a history of holds
 // of each kind taken under contention without faults.
 func TestHistoryContention(t *testing.T) {
+	long(t)
 	forEachKind(t, func(t *testing.T, name string) {
 		res := runContention(t, kinds[name], 4, 3*time.Second)
 		if res.holds == 0 {
