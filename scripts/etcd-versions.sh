@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the family's guarantees against each etcd version the README names:
-# for each nested module scripts/etcdserver/v3.N (its own go.mod pins
-# go.etcd.io/etcd/server/v3 at the latest v3.N.x the Go module proxy served),
-# starts that embedded etcd as a child process and runs a subset of the root
+# for each scripts/etcdserver/v3.N, a go.mod of its own that pins
+# go.etcd.io/etcd/server/v3 at the latest v3.N.x the Go module proxy served,
+# builds scripts/etcdserver/main.go against it, starts that embedded etcd as
+# a child process and runs a subset of the root
 # package's tests against it through ETCDTEST_ENDPOINTS, then prints a table.
 # First, if there is one, the same against an etcd binary of the system's as
 # the floor (ETCD, /usr/bin/etcd unless set; ETCD= to leave it out), such as
@@ -107,10 +108,18 @@ for dir in scripts/etcdserver/v*/; do
     minor="${dir##*/}"
     latest="$(cd "$dir" && GOFLAGS=-mod=mod go list -m -versions go.etcd.io/etcd/server/v3 |
       tr ' ' '\n' | grep -E "^${minor//./\\.}\.[0-9]+$" | sort -V | tail -1)"
-    (cd "$dir" && GOFLAGS=-mod=mod go get "go.etcd.io/etcd/server/v3@$latest" && go mod tidy)
   fi
-  version="$(cd "$dir" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
-  (cd "$dir" && go build -o "$tmp/etcd-$version" .)
+  # The one program, scripts/etcdserver/main.go, built against this
+  # version's go.mod in a directory of its own.
+  mod="$tmp/mod-${dir##*/}"
+  mkdir -p "$mod"
+  cp "$dir/go.mod" "$dir/go.sum" scripts/etcdserver/main.go "$mod/"
+  if [ -n "${UPDATE:-}" ]; then
+    (cd "$mod" && GOFLAGS=-mod=mod go get "go.etcd.io/etcd/server/v3@$latest" && go mod tidy)
+    cp "$mod/go.mod" "$mod/go.sum" "$dir/"
+  fi
+  version="$(cd "$mod" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+  (cd "$mod" && go build -o "$tmp/etcd-$version" .)
 
   "$tmp/etcd-$version" >"$tmp/url" 2>"$logs/etcd-$version.log" &
   child=$!

@@ -1,5 +1,6 @@
-// Command etcdserver runs one embedded etcd, of the version its go.mod
-// requires, for scripts/etcd-versions.sh: on 127.0.0.1 with free ports and
+// Command etcdserver runs one embedded etcd, of the version of the go.mod it
+// is built with, for scripts/etcd-versions.sh, which builds it with each of
+// scripts/etcdserver/v3.N/go.mod (in the root module, it is v3.7's): on 127.0.0.1 with free ports and
 // its data in a temporary directory. It prints its client URL on stdout
 // when ready and stops cleanly on SIGTERM or SIGINT.
 package main
