@@ -403,9 +403,8 @@ func TestRunDefaultsKillBeforeExpiry(t *testing.T) {
 	after := lockKeys(t, cli, name)
 	proxy.Unblackhole()
 	t.Logf("process group gone %v after etcd went silent (--ttl %v, SIGKILL due at %v after the last ack)", gone, ttl, silentAt(ttl)+defaultGrace(ttl))
-	if gone >= ttl {
-		t.Errorf("process group gone %v after etcd went silent, want before the TTL %v", gone, ttl)
-	}
+	// Judged in etcd, not by the wall clock: the lease (and so the key) is
+	// still there when the group is gone.
 	if len(after) != 1 || after[0].rev != keys[0].rev {
 		t.Errorf("keys when the group was gone: got %v, want still %v: it outlived the lease", after, keys)
 	}
