@@ -43,11 +43,11 @@ type claim struct {
 // background retry, and returns errBusy where the try or the wait ran out
 // (each primitive says that its own way), else the error failure maps.
 func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
-	a := s.events.startAcquire(c.t.kind, c.t.lock)
-	opCtx, cancel := s.opContext(ctx, c.wait)
+	a := s.events.startAcquire(c.t.kind, c.t.lock, c.t.term.id)
+	opCtx, cancel := opContext(ctx, c.t.term, c.wait)
 	defer cancel()
 	fail := func(contended bool, err error) (*hold, error) {
-		err = failure(ctx, opCtx, s, c.t.lock, err)
+		err = failure(ctx, opCtx, c.t.term, c.t.lock, err)
 		reported := err
 		if errors.Is(err, errBusy) {
 			reported = nil
@@ -83,29 +83,17 @@ func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 	return h, nil
 }
 
-// startable returns the error that ends an acquisition before it starts:
-// ctx's, or ErrSessionExpired.
-func startable(ctx context.Context, s *Session) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if s.expired() {
-		return ErrSessionExpired
-	}
-	return nil
-}
-
 // failure returns the error of an acquisition of the lock name that did not
 // take the lock: errBusy where a try or the wait (opCtx's own deadline) ran
 // out, which each primitive reports its own way; else the caller's context's
-// error; else ErrSessionExpired; else err, wrapped with the lock's name
+// error; else ErrSessionExpired where the lease tm is gone; else err, wrapped with the lock's name
 // unless it is ErrLimitMismatch. An etcd error that came as the wait ran out
 // is that error: only the end of opCtx itself is the wait running out.
-func failure(ctx, opCtx context.Context, s *Session, name string, err error) error {
+func failure(ctx, opCtx context.Context, tm *leaseTerm, name string, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case s.expired() || errors.Is(err, rpctypes.ErrLeaseNotFound):
+	case tm.Expired() || errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return ErrSessionExpired
 	case errors.Is(err, errBusy),
 		errors.Is(opCtx.Err(), context.DeadlineExceeded) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):

@@ -60,6 +60,10 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 	fctx, sc := st.openScope(ctx)
 	held, _ := m.Held()
 	fctx = context.WithValue(fctx, heldKey{}, held)
+	var term *leaseTerm // the lease of the hold
+	if held.h != nil {
+		term = held.h.t.term
+	}
 	fctx, cancel := context.WithCancel(fctx)
 	loss := m.Done()
 
@@ -82,7 +86,7 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 		wg.Wait()
 		cancel()
 		st.closeScope(sc)
-		o.lost = lost
+		o.lost = lost || term != nil && term.Expired()
 		o.release = m.UnlockContext(context.WithoutCancel(ctx))
 	}()
 	return doing{ran: true, err: f(fctx)}

@@ -54,7 +54,7 @@ type Held struct {
 	Name  string           // the lock's name
 	Key   string           // our key
 	Token int64            // the fencing token: our key's create revision
-	Lease clientv3.LeaseID // our key's lease, the Session's: a key f puts with it goes when the Session ends
+	Lease clientv3.LeaseID // our key's lease, the Session's at the acquisition: a key f puts with it goes when that lease does
 
 	h *hold // the hold, for Done; nil in the zero Held
 }
@@ -86,7 +86,7 @@ func ownerCmp(key string, rev int64) clientv3.Cmp {
 
 // snapshot returns the hold as a Held of the lock name.
 func (h *hold) snapshot(name string) Held {
-	return Held{Name: name, Key: h.t.Key(), Token: h.token(), Lease: h.t.s.Lease(), h: h}
+	return Held{Name: name, Key: h.t.Key(), Token: h.token(), Lease: h.t.term.id, h: h}
 }
 
 // token returns the hold's fencing token.
@@ -123,7 +123,7 @@ func (h *hold) lost() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.stop == nil && !h.signaled {
-		ctx, cancel := context.WithCancel(s.cs.Ctx())
+		ctx, cancel := context.WithCancel(h.t.term.ctx())
 		h.stop = cancel
 		if !s.goBackground(func() { h.monitor(ctx) }) {
 			h.signaled = true
@@ -150,7 +150,7 @@ func (h *hold) monitor(ctx context.Context) {
 	}
 	h.mu.Unlock()
 	if s := h.t.s; !ended && s.events != nil {
-		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Key: h.t.Key(), Token: h.token(), Reason: h.lossReason(why)})
+		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Lease: h.t.term.id, Key: h.t.Key(), Token: h.token(), Reason: h.lossReason(why)})
 	}
 }
 
@@ -160,24 +160,24 @@ func (h *hold) monitor(ctx context.Context) {
 // A deleted key is asked about once, within a bound, since the revoke or
 // expiry of our lease deletes it too; only observed Sessions pay that read.
 func (h *hold) lossReason(why LossReason) LossReason {
-	s := h.t.s
+	s, tm := h.t.s, h.t.term
 	if why == LossKeepAliveSilent {
 		return why
 	}
-	if why == LossKeyDeleted && !s.expired() {
-		ctx, cancel := context.WithTimeout(s.cs.Ctx(), lossReadTimeout)
-		resp, err := s.client.TimeToLive(ctx, s.Lease())
+	if why == LossKeyDeleted && !tm.Expired() {
+		ctx, cancel := context.WithTimeout(tm.ctx(), lossReadTimeout)
+		resp, err := s.client.TimeToLive(ctx, tm.id)
 		cancel()
 		if (err == nil && resp.TTL == -1) || errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return LossLeaseGone
 		}
 	}
 	switch {
-	case !s.expired():
+	case !tm.Expired():
 		return why
 	case s.closedByUser():
 		return LossSessionClosed
-	case s.untilSilent() <= -s.ttl/3:
+	case tm.untilSilent() <= -tm.ttl/3:
 		// clientv3 ended the Session: no acknowledgement for a whole TTL.
 		return LossKeepAliveSilent
 	default:
@@ -200,7 +200,7 @@ func (h *hold) lossReason(why LossReason) LossReason {
 // clock matters most. So the watch is opened by a goroutine of its own,
 // which watchLoss waits for before it returns.
 func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
-	s, key := h.t.s, h.t.Key()
+	s, tm, key := h.t.s, h.t.term, h.t.Key()
 	wctx, cancel := context.WithCancel(ctx)
 	opened := make(chan clientv3.WatchChan, 1)
 	var wg sync.WaitGroup
@@ -210,9 +210,9 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 
 	var wch clientv3.WatchChan
 	broken := false // the watch failed: only the reads tell
-	timer := time.NewTimer(s.untilSilent())
+	timer := time.NewTimer(tm.untilSilent())
 	defer timer.Stop()
-	reread := time.NewTicker(s.ttl)
+	reread := time.NewTicker(tm.ttl)
 	defer reread.Stop()
 	for {
 		select {
@@ -247,7 +247,7 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 				return rev + 1, ""
 			}
 		case <-timer.C:
-			d := s.untilSilent()
+			d := tm.untilSilent()
 			if d <= 0 {
 				return 0, LossKeepAliveSilent
 			}
@@ -263,7 +263,7 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 // failed (we cannot tell: the hold is taken as still there).
 func (h *hold) keyThere(ctx context.Context) (int64, bool) {
 	s := h.t.s
-	rctx, cancel := context.WithTimeout(ctx, s.ttl/3)
+	rctx, cancel := context.WithTimeout(ctx, h.t.term.ttl/3)
 	defer cancel()
 	resp, err := s.client.Get(rctx, h.t.Key(), clientv3.WithKeysOnly())
 	switch {
@@ -281,7 +281,7 @@ func (h *hold) reportEnd() {
 	t := h.t
 	if t.s.events != nil {
 		now := time.Now()
-		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Held: now.Sub(h.since)})
+		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: t.Rev(), Held: now.Sub(h.since)})
 	}
 }
 
@@ -293,7 +293,7 @@ func (h *hold) reportEnd() {
 func (h *hold) unlock(ctx context.Context, then func()) error {
 	t := h.t
 	h.reportEnd()
-	if t.s.expired() {
+	if t.term.Expired() {
 		t.released(false, nil)
 		if then != nil {
 			then()
@@ -310,7 +310,7 @@ func (h *hold) unlock(ctx context.Context, then func()) error {
 		then()
 	}
 	if !deleted {
-		if t.s.expired() {
+		if t.term.Expired() {
 			return ErrSessionExpired
 		}
 		return ErrLockLost

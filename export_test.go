@@ -33,8 +33,9 @@ func ReleaseLater(m *Mutex, rev int64, then func()) {
 
 // ticketAt returns m's key as held with token rev.
 func ticketAt(m *Mutex, rev int64) *ticket {
-	t := m.ticket()
-	t.Ticket = queue.Held(m.s.conn, m.rule, m.key, rev)
+	tm := m.s.term.Load()
+	t := m.ticket(tm)
+	t.Ticket = queue.Held(tm.conn, m.rule, t.Key(), rev)
 	return t
 }
 

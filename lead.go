@@ -64,7 +64,6 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 	case o.ctx != nil:
 		return fmt.Errorf("%w: Lead does not take WithContext: the end of that context would revoke the lease while f still runs; end Lead's ctx instead", ErrInvalidArgument)
 	}
-	pace := newBackoff()  // between campaigns
 	retry := newBackoff() // after a Session that could not be made
 	for {
 		if err := ctx.Err(); err != nil {
@@ -72,7 +71,7 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 		}
 		// Not WithContext(ctx): its cancel would revoke the lease, and so
 		// release the lock, while f may still run.
-		s, err := newSession(ctx, client, opts...)
+		s, err := newSession(ctx, client, append(opts, WithRenewal())...)
 		if err != nil {
 			if ctx.Err() == nil {
 				// No Session, so no dispatch: the observers hear it from
@@ -88,46 +87,76 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 			}
 			continue
 		}
-		retry.reset()
-		if err := leadOn(ctx, s, name, f, pace); err != nil {
-			return err
-		}
+		defer func() { _ = s.Close() }()
+		return s.lead(ctx, name, f)
 	}
 }
 
-// leadOn campaigns and leads on s until s ends (it returns nil: campaign
-// again on a new Session), ctx ends, or f fails, pausing as pace says
-// between campaigns. It closes s on its way out, f's panic included.
-func leadOn(ctx context.Context, s *Session, name string, f func(ctx context.Context) error, pace *backoff) error {
-	defer func() { _ = s.Close() }()
+// Lead runs f whenever this process leads name, until ctx ends, as the
+// function Lead does, but on s: its lease, identity, logger and observers,
+// shared with the process's other locks. A Session made WithRenewal
+// outlives its leases: when one is lost, f's context is cancelled and Lead
+// campaigns again on the next. On a Session without WithRenewal, Lead
+// returns ErrSessionExpired once the lease is gone.
+//
+// Lead returns ctx.Err() when ctx ends, f's error when f fails for a reason
+// other than the loss of the lock, ErrSessionExpired when s has ended, and
+// ErrInvalidArgument or ErrInvalidName for bad input. Failed campaigns
+// (etcd unreachable) are retried with backoff, and reported to the
+// observers as every acquisition is; terms are paced as the function Lead
+// paces them. It does not close s. If f panics, Lead releases the lock and
+// panics again.
+func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
+	switch {
+	case s == nil:
+		return fmt.Errorf("%w: nil Session", ErrInvalidArgument)
+	case ctx == nil:
+		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
+	case f == nil:
+		return fmt.Errorf("%w: nil function", ErrInvalidArgument)
+	case name == "":
+		return ErrInvalidName
+	}
+	return s.lead(ctx, name, f)
+}
+
+// lead campaigns and leads on s until ctx ends, f fails, or s ends, pausing
+// between campaigns: 50 ms, doubling to 1 s while terms keep ending within
+// 1 s of their campaign.
+func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
 	m := NewMutex(s, name)
-	retry := newBackoff()
+	pace := newBackoff()  // between campaigns
+	retry := newBackoff() // after a campaign that failed
 	for {
 		start := time.Now()
 		o := m.do(ctx, f)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !o.ran && !s.expired():
-			// etcd unreachable, or a malformed reply: campaign again soon.
+		case !o.ran && !s.lockable(o.err):
+			return o.err
+		case !o.ran:
+			// etcd unreachable, a malformed reply, or the lease lost
+			// (WithRenewal: the next campaign waits for the next one):
+			// campaign again soon.
 			if err := retry.wait(ctx); err != nil {
 				return err
 			}
 			continue
-		case o.ran && o.err != nil && !o.lost && !s.expired():
+		case o.err != nil && !o.lost:
 			return o.err
 		}
 		retry.reset()
-		// A term ended, or the Session did. A campaign and term longer than
-		// the longest pause are no spin: the next pause is the first.
+		// A term ended. A campaign and term longer than the longest pause
+		// are no spin: the next pause is the first.
 		if time.Since(start) > maxBackoff {
 			pace.reset()
 		}
 		if err := pace.wait(ctx); err != nil {
 			return err
 		}
-		if s.expired() {
-			return nil
+		if s.ended() {
+			return ErrSessionExpired
 		}
 	}
 }

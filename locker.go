@@ -21,12 +21,11 @@ func lockBlocking(method, name string, s *Session, lock func(context.Context) er
 		if err == nil {
 			return
 		}
-		if errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrInvalidName) ||
-			errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrWouldDeadlock) {
+		if s == nil || !s.lockable(err) {
 			panic(fmt.Sprintf("etcdlock: %s of %q: %v (use %sContext to handle this as an error)", method, name, err, method))
 		}
 		// The Session's end makes the next call fail at once, and panic.
-		_ = backoff.wait(s.cs.Ctx())
+		_ = backoff.wait(s.life)
 	}
 }
 

@@ -23,7 +23,8 @@ const tryLockTimeout = 2 * time.Second
 // waits its turn in FIFO order.
 //
 // It uses the key scheme of etcd's concurrency.Mutex and etcdctl lock: the
-// key name/<lease ID in hex> with the Session's lease, the owner being the
+// key name/<lease ID in hex> with the Session's lease (at the acquisition,
+// for a Session made WithRenewal), the owner being the
 // key with the smallest create revision. A lock taken by any of the three
 // excludes the other two, as long as they use different leases.
 //
@@ -36,7 +37,6 @@ const tryLockTimeout = 2 * time.Second
 type Mutex struct {
 	s    *Session
 	name string
-	key  string      // name/<lease ID in hex>: this process's key for the lock
 	rule *queue.Rule // any older key of the lock blocks ours
 
 	st atomic.Pointer[lockState] // the lock's record, as last looked up
@@ -49,11 +49,7 @@ type Mutex struct {
 // ErrInvalidName), TryLock return false, and Lock panic.
 func NewMutex(s *Session, name string) *Mutex {
 	pfx := name + "/"
-	m := &Mutex{s: s, name: name, rule: queue.Lock(pfx, pfx)}
-	if s != nil {
-		m.key = fmt.Sprintf("%s%x", pfx, s.Lease())
-	}
-	return m
+	return &Mutex{s: s, name: name, rule: queue.Lock(pfx, pfx)}
 }
 
 // Name returns the lock's name, as given to NewMutex.
@@ -88,8 +84,13 @@ func (m *Mutex) Unlock() { unlockOrPanic("Unlock", m.Name(), m.UnlockContext) }
 // TryLock takes the lock if it can without waiting for another holder, and
 // reports whether it did. It returns false at once when another goroutine or
 // process holds the lock, and writes nothing to etcd then. It also returns
-// false when it cannot succeed for any other reason (etcd unreachable for
-// 2 s, invalid name, closed Session); it never panics.
+// false when it cannot succeed for any other reason (invalid name, closed
+// Session, no lease WithRenewal, etcd unreachable); it never panics.
+//
+// Where etcd does not answer, TryLock gives up after 2 s, and may take up to
+// 1 s more to make sure that it left no key: about 3 s in all. For a bound
+// of your own, use TryLockFor(ctx, 0) with a deadline on ctx: it returns by
+// that deadline + 1 s.
 func (m *Mutex) TryLock() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
 	defer cancel()
@@ -126,7 +127,8 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	if err := m.check(ctx); err != nil {
 		return false, err
 	}
-	if err := startable(ctx, m.s); err != nil {
+	tm, err := m.s.begin(ctx, wait)
+	if err != nil {
 		return false, err
 	}
 	st, how, w := m.enter(ctx, wait == tryOnly)
@@ -145,7 +147,7 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 		}
 		return nil, false, nil
 	}
-	_, err := m.s.acquire(ctx, claim{t: m.ticket(), wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
+	_, err = m.s.acquire(ctx, claim{t: m.ticket(tm), wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}
@@ -162,15 +164,16 @@ func (m *Mutex) enter(ctx context.Context, try bool) (*lockState, entry, *waiter
 	}
 }
 
-// ticket returns our key in the lock's queue, for a new acquisition.
-func (m *Mutex) ticket() *ticket {
-	return m.s.newTicket(m.name, KindMutex, m.rule, m.key, m.s.identity)
+// ticket returns our key in the lock's queue, for a new acquisition with
+// the lease of tm: name/<lease ID in hex>.
+func (m *Mutex) ticket(tm *leaseTerm) *ticket {
+	return tm.newTicket(m.name, KindMutex, m.rule, fmt.Sprintf("%s/%x", m.name, tm.id), m.s.identity)
 }
 
 // UnlockContext ends one hold of the calling goroutine. It returns
 // ErrNotHeld, and changes nothing, if the goroutine holds none. When the
 // last hold ends it deletes the lock's key, fenced on the key's create
-// revision so that it can never delete a later hold (D6), on a context
+// revision so that it can never delete a later hold, on a context
 // detached from ctx and bounded by 3 s. If etcd does not confirm the
 // delete, UnlockContext returns that error and the delete is retried in the
 // background until it succeeds or the Session ends. It returns ErrLockLost
@@ -220,10 +223,10 @@ func (m *Mutex) Held() (Held, bool) {
 // Key returns this process's etcd key for the lock while the process holds
 // it, whichever goroutine asks, and "" otherwise.
 func (m *Mutex) Key() string {
-	if m.Token() == 0 {
-		return ""
+	if h := m.current(); h != nil {
+		return h.t.Key()
 	}
-	return m.key
+	return ""
 }
 
 // Token returns the fencing token of this process's current hold, whichever
@@ -244,10 +247,10 @@ func (m *Mutex) Token() int64 {
 // again later. When nothing is held it returns a comparison that is always
 // false.
 func (m *Mutex) IsOwner() clientv3.Cmp {
-	if m == nil {
-		return ownerCmp("", 0)
+	if h := m.current(); h != nil {
+		return ownerCmp(h.t.Key(), h.token())
 	}
-	return ownerCmp(m.key, m.Token())
+	return ownerCmp("", 0)
 }
 
 // Done returns a channel that is closed when this process's current hold

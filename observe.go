@@ -52,7 +52,8 @@ const (
 	KeptAlive      EventKind = "kept_alive"      // a keep-alive round trip: RTT, Margin, TTL, Err
 	EventsDropped  EventKind = "events_dropped"  // Dropped events were lost: the Observer was too slow
 	SessionClosed  EventKind = "session_closed"  // Close was called, or the WithContext context ended: the Session's holds have ended; the last event
-	SessionFailed  EventKind = "session_failed"  // Lead could not make a Session (etcd unreachable, say) and will try again: Lock, Err
+	SessionFailed  EventKind = "session_failed"  // a lease could not be had (etcd unreachable, say) and will be tried again: by Lead (Lock, Err) or a Session made WithRenewal (Err)
+	LeaseRenewed   EventKind = "lease_renewed"   // a Session made WithRenewal has a new lease after losing one: Lease, OldLease, TTL
 )
 
 // An Outcome is how an acquisition ended.
@@ -84,7 +85,8 @@ const (
 type Event struct {
 	Kind      EventKind
 	Time      time.Time        // when it happened
-	Lease     clientv3.LeaseID // the Session's lease: which Session it happened to
+	Lease     clientv3.LeaseID // the lease it happened on: the Session's, or WithRenewal the one of the hold or call
+	OldLease  clientv3.LeaseID // LeaseRenewed: the lease lost
 	Lock      string           // the lock's name
 	Primitive Kind             // KindMutex, KindRead, KindWrite or KindSemaphore
 	Key       string           // our key, once known
@@ -143,7 +145,7 @@ const eventBuffer = 1024
 // observers) reports nothing.
 type dispatch struct {
 	observers []Observer
-	lease     clientv3.LeaseID
+	lease     atomic.Int64 // the Session's lease in use, for events that name none
 	events    chan Event
 	dropped   atomic.Int64
 	over      atomic.Bool  // delivery has stopped: events are not queued
@@ -159,10 +161,20 @@ func newDispatch(observers []Observer, lease clientv3.LeaseID) *dispatch {
 	if len(observers) == 0 {
 		return nil
 	}
-	d := &dispatch{observers: observers, lease: lease, events: make(chan Event, eventBuffer), stop: make(chan struct{})}
+	d := &dispatch{observers: observers, events: make(chan Event, eventBuffer), stop: make(chan struct{})}
+	d.setLease(lease)
 	d.done.Go(d.deliver)
 	return d
 }
+
+// setLease makes id the lease of the events that name none.
+func (d *dispatch) setLease(id clientv3.LeaseID) {
+	if d != nil {
+		d.lease.Store(int64(id))
+	}
+}
+
+func (d *dispatch) leaseInUse() clientv3.LeaseID { return clientv3.LeaseID(d.lease.Load()) }
 
 // emit queues e for the observers, never blocking: when the queue is full,
 // e is dropped and counted. After close, nothing is queued.
@@ -173,7 +185,9 @@ func (d *dispatch) emit(e Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	e.Lease = d.lease
+	if e.Lease == clientv3.NoLease {
+		e.Lease = d.leaseInUse()
+	}
 	select {
 	case d.events <- e:
 	default:
@@ -211,7 +225,7 @@ func (d *dispatch) deliver() {
 				case e := <-d.events:
 					d.observe(e)
 				default:
-					d.observe(Event{Kind: SessionClosed, Time: time.Now(), Lease: d.lease})
+					d.observe(Event{Kind: SessionClosed, Time: time.Now(), Lease: d.leaseInUse()})
 					return
 				}
 			}
@@ -222,7 +236,7 @@ func (d *dispatch) deliver() {
 func (d *dispatch) observe(e Event) {
 	if n := d.dropped.Swap(0); n > 0 {
 		// Before e: the events dropped came before it.
-		drop := Event{Kind: EventsDropped, Time: e.Time, Lease: d.lease, Dropped: int(n)}
+		drop := Event{Kind: EventsDropped, Time: e.Time, Lease: d.leaseInUse(), Dropped: int(n)}
 		for _, o := range d.observers {
 			o.Observe(drop)
 		}
@@ -241,12 +255,12 @@ type acquisition struct {
 }
 
 // startAcquire reports the start of an acquisition of the lock name, of kind
-// primitive; a no-op without observers.
-func (d *dispatch) startAcquire(primitive Kind, name string) acquisition {
+// primitive, with lease; a no-op without observers.
+func (d *dispatch) startAcquire(primitive Kind, name string, lease clientv3.LeaseID) acquisition {
 	if d == nil {
 		return acquisition{}
 	}
-	a := acquisition{d: d, start: time.Now(), e: Event{Lock: name, Primitive: primitive}}
+	a := acquisition{d: d, start: time.Now(), e: Event{Lock: name, Primitive: primitive, Lease: lease}}
 	e := a.e
 	e.Kind, e.Time = AcquireStarted, a.start
 	d.emit(e)
@@ -325,7 +339,13 @@ func (o logObserver) Observe(e Event) {
 	case EventsDropped:
 		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: events dropped: an observer is too slow", slog.Int("dropped", e.Dropped))
 	case SessionFailed:
-		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: lead: no session; retrying", slog.String("lock", e.Lock), slog.String("error", e.Err.Error()))
+		if e.Lock != "" {
+			o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: lead: no session; retrying", slog.String("lock", e.Lock), slog.String("error", e.Err.Error()))
+			return
+		}
+		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: no new lease yet; retrying", slog.String("lost", fmt.Sprintf("%x", e.Lease)), slog.String("error", e.Err.Error()))
+	case LeaseRenewed:
+		o.l.LogAttrs(ctx, slog.LevelInfo, "etcdlock: new lease", slog.String("lease", fmt.Sprintf("%x", e.Lease)), slog.String("lost", fmt.Sprintf("%x", e.OldLease)))
 	case SessionClosed:
 		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: session closed", slog.String("lease", fmt.Sprintf("%x", e.Lease)))
 	default:

@@ -245,7 +245,7 @@ func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 // waiter, if WithLocalHandoff allows one more in a row. It is called with
 // st.mu held.
 func (st *lockState) handOff(h *hold) bool {
-	if len(st.queue) == 0 || st.handoffs >= st.s.maxHandoffs || st.s.expired() {
+	if len(st.queue) == 0 || st.handoffs >= st.s.maxHandoffs || h.t.term.Expired() {
 		st.handoffs = 0
 		return false
 	}

@@ -101,7 +101,9 @@ func (r rlocker) Unlock() { r.rw.RUnlock() }
 
 // TryLock takes the write lock if no other holder or waiter is there, and
 // reports whether it did. It writes nothing to etcd when it returns false
-// because of another holder, and never panics.
+// because of another holder, and never panics. Where etcd does not answer,
+// it returns false within about 3 s, as Mutex.TryLock does; TryLockFor(ctx,
+// 0) with a deadline on ctx gives a bound of your own.
 func (rw *RWMutex) TryLock() bool { return rw.tryNow(true) }
 
 // TryRLock takes a read lock if no writer holds or waits, and reports
@@ -151,7 +153,8 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 	if err := rw.check(ctx); err != nil {
 		return false, err
 	}
-	if err := startable(ctx, rw.s); err != nil {
+	tm, err := rw.s.begin(ctx, wait)
+	if err != nil {
 		return false, err
 	}
 	if st := rw.state(false); st != nil {
@@ -164,8 +167,8 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 	if write {
 		kind, r, sub = KindWrite, rw.writer, "/write/"
 	}
-	t := rw.s.newTicket(rw.name, kind, r, rw.s.uniqueKey(rw.name+sub), rw.s.identity)
-	_, err := rw.s.acquire(ctx, claim{t: t, wait: wait, grant: func(h *hold) { rw.grant(write, h) }})
+	t := tm.newTicket(rw.name, kind, r, tm.uniqueKey(rw.name+sub), rw.s.identity)
+	_, err = rw.s.acquire(ctx, claim{t: t, wait: wait, grant: func(h *hold) { rw.grant(write, h) }})
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}

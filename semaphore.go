@@ -93,10 +93,11 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	if err := sem.check(ctx); err != nil {
 		return nil, err
 	}
-	if err := startable(ctx, sem.s); err != nil {
+	tm, err := sem.s.begin(ctx, wait)
+	if err != nil {
 		return nil, err
 	}
-	t := sem.s.newTicket(sem.name, KindSemaphore, sem.rule, sem.s.uniqueKey(sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
+	t := tm.newTicket(sem.name, KindSemaphore, sem.rule, tm.uniqueKey(sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
 	h, err := sem.s.acquire(ctx, claim{t: t, wait: wait})
 	if errors.Is(err, errBusy) {
 		return nil, ErrNoPermit

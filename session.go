@@ -2,16 +2,12 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/etcdlock/etcdlock/internal/queue"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 const (
@@ -34,24 +30,30 @@ const (
 // that is not closed keeps its lease alive until its client is closed.
 type Session struct {
 	client      *clientv3.Client
-	cs          *concurrency.Session
-	conn        *queue.Conn // the queue's view of the client and the lease
 	ttl         time.Duration
 	maxHandoffs int    // WithLocalHandoff
 	identity    string // WithIdentity: the value of every key we put
+	renews      bool   // WithRenewal: a new lease after each loss
 
-	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
-	lastAck atomic.Int64
+	// term is the lease in use (lease.go): the one lease of the Session, or
+	// WithRenewal, the latest; replaced only under bgMu, by renew.
+	term atomic.Pointer[leaseTerm]
 
 	seq     atomic.Int64 // makes the keys of RWMutex and Semaphore holds unique
 	records sync.Map     // what this process holds or awaits, a record per lock name (reentrant.go's alone)
-	// bgMu guards closing and bg.Go, and nothing else: goBackground is
-	// called with a hold's mutex held, which may be taken under a record's.
+	// bgMu guards closing, bg.Go and the replacing of term, and nothing
+	// else: goBackground is called with a hold's mutex held, which may be
+	// taken under a record's.
 	bgMu    sync.Mutex
-	closing bool           // no new background work once set
-	bg      sync.WaitGroup // background goroutines: keep-alive reader, cleanups, hold monitors
+	closing bool           // no new background work, and no new term, once set
+	bg      sync.WaitGroup // background goroutines: keep-alive readers, renewal, cleanups, hold monitors
 
 	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
+
+	// life ends when the Session does: at Close, at the end of the
+	// WithContext context, and without WithRenewal when its lease is lost.
+	life    context.Context
+	endLife context.CancelFunc
 
 	ctx        context.Context // WithContext's; Background without
 	stopRevoke func() bool     // stops the WithContext revoke, if any
@@ -72,6 +74,7 @@ type sessionOptions struct {
 	ctx       context.Context
 	handoffs  int
 	identity  string
+	renew     bool
 	observers []Observer
 	err       error
 }
@@ -162,6 +165,27 @@ func WithIdentity(id string) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.identity = id })
 }
 
+// WithRenewal makes a Session that outlives its leases, for a long-running
+// service: when its lease is lost (revoked, expired, or keep-alives
+// unacknowledged for a whole TTL, after a partition say), every hold on it
+// is lost as without WithRenewal (its Done closes, before the lease can
+// expire, with its reason), and the Session then revokes what may be left of
+// the old lease and grants a new one in the background, with backoff, until
+// it has one or ends. Later acquisitions use the new lease: their keys carry
+// it. Meanwhile Lock blocks until it can try again, TryLock returns false,
+// and the context methods wait for the new lease (bounded by their context,
+// and TryLockFor's wait), or return ErrSessionExpired where they were under
+// way on the lost lease or, for a try, where no lease is to be had yet.
+// Each new lease is reported to the observers (LeaseRenewed), each failed
+// grant too (SessionFailed).
+//
+// Done then closes only at Close or at the end of the WithContext context,
+// and ErrSessionExpired means "that lease is gone", not "the Session is":
+// call again.
+func WithRenewal() SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
+}
+
 // NewSession grants a lease on client (or adopts one, WithLease) and keeps
 // it alive in the background. It returns an error, and leaves no lease
 // behind, if client is nil, an option is invalid, or etcd does not answer
@@ -190,11 +214,19 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	ctx, cancel := context.WithTimeout(o.ctx, setupTimeout)
 	defer cancel()
 	defer context.AfterFunc(setup, cancel)()
-	id, ttl, granted, err := lease(ctx, client, o)
+	id, secs, granted, err := grant(ctx, client, o.ttl, o.lease)
 	if err != nil {
 		return nil, err
 	}
-	s, err := keepAlive(client, id, ttl, o)
+	s := &Session{
+		client:      client,
+		maxHandoffs: o.handoffs,
+		identity:    o.identity,
+		renews:      o.renew,
+		ctx:         o.ctx,
+		revoked:     make(chan struct{}),
+	}
+	tm, acks, err := newTerm(s, o.ctx, id, secs)
 	if err != nil {
 		if granted {
 			rctx, rcancel := context.WithTimeout(context.WithoutCancel(o.ctx), revokeTimeout)
@@ -202,6 +234,30 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 			_, _ = client.Revoke(rctx, id)
 		}
 		return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
+	}
+	s.ttl = tm.ttl
+	s.events = newDispatch(o.observers, id)
+	s.life, s.endLife = context.WithCancel(context.Background())
+	s.term.Store(tm)
+	// Keys from an earlier process with the same lease (WithLease) were
+	// numbered from an earlier time: no key of ours can be one of theirs.
+	s.seq.Store(time.Now().UnixNano())
+	tm.start(acks)
+	if o.renew {
+		s.bg.Go(s.renew)
+	} else {
+		context.AfterFunc(tm.ctx(), s.endLife)
+	}
+	if o.ctx.Done() != nil {
+		// The function may run before AfterFunc returns (o.ctx may end at
+		// any time), so it must not read stopRevoke, which is Close's.
+		s.stopRevoke = context.AfterFunc(o.ctx, func() {
+			s.revokeErr = s.stop().revoke(context.WithoutCancel(o.ctx))
+			close(s.revoked)
+			// Then as Close: wait for the background work, and deliver the
+			// events left to the observers. Close takes this revoke's result.
+			s.end(func(*leaseTerm) error { return s.revokeErr })
+		})
 	}
 	return s, nil
 }
@@ -218,84 +274,6 @@ func options(opts []SessionOption) sessionOptions {
 		opt.apply(&o)
 	}
 	return o
-}
-
-// keepAlive starts keeping the lease id alive and returns the Session that
-// owns it.
-func keepAlive(client *clientv3.Client, id clientv3.LeaseID, ttl int64, o sessionOptions) (*Session, error) {
-	cs, err := concurrency.NewSession(client,
-		concurrency.WithLease(id), concurrency.WithTTL(int(ttl)), concurrency.WithContext(o.ctx))
-	if err != nil {
-		return nil, err
-	}
-	// A second keep-alive channel on the same lease: it costs no extra RPC
-	// and tells us when each acknowledgement arrives, which
-	// concurrency.Session keeps to itself.
-	acks, err := client.KeepAlive(cs.Ctx(), id)
-	if err == nil {
-		err = o.ctx.Err()
-	}
-	if err != nil {
-		cs.Orphan()
-		return nil, err
-	}
-	s := &Session{
-		client:      client,
-		cs:          cs,
-		ttl:         time.Duration(ttl) * time.Second,
-		maxHandoffs: o.handoffs,
-		ctx:         o.ctx,
-		identity:    o.identity,
-		events:      newDispatch(o.observers, id),
-		revoked:     make(chan struct{}),
-	}
-	s.conn = &queue.Conn{KV: client, Watcher: client, Lease: sessionLease{s}, TTL: s.ttl}
-	s.lastAck.Store(time.Now().UnixNano())
-	// Keys from an earlier process with the same lease (WithLease) were
-	// numbered from an earlier time: no key of ours can be one of theirs.
-	s.seq.Store(time.Now().UnixNano())
-	s.bg.Go(func() {
-		for range acks {
-			s.lastAck.Store(time.Now().UnixNano())
-		}
-	})
-	if s.events != nil {
-		s.bg.Go(s.probeKeepAlive)
-	}
-	if o.ctx.Done() != nil {
-		// The function may run before AfterFunc returns (o.ctx may end at
-		// any time), so it must not read stopRevoke, which is Close's.
-		s.stopRevoke = context.AfterFunc(o.ctx, func() {
-			s.cs.Orphan()
-			s.revokeErr = s.revoke(context.WithoutCancel(o.ctx))
-			close(s.revoked)
-			// Then as Close: wait for the background work, and deliver the
-			// events left to the observers. Close takes this revoke's result.
-			s.end(func() error { return s.revokeErr })
-		})
-	}
-	return s, nil
-}
-
-// lease grants a new lease, or checks that the adopted one exists, and
-// returns its ID and TTL in seconds.
-func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id clientv3.LeaseID, ttl int64, granted bool, err error) {
-	if o.lease == clientv3.NoLease {
-		secs := int64((o.ttl + time.Second - 1) / time.Second)
-		resp, err := client.Grant(ctx, secs)
-		if err != nil {
-			return 0, 0, false, fmt.Errorf("etcdlock: grant lease: %w", err)
-		}
-		return resp.ID, resp.TTL, true, nil
-	}
-	resp, err := client.TimeToLive(ctx, o.lease)
-	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound) || err == nil && resp.TTL <= 0:
-		return 0, 0, false, fmt.Errorf("%w: lease %x not found", ErrSessionExpired, o.lease)
-	case err != nil:
-		return 0, 0, false, fmt.Errorf("etcdlock: look up lease %x: %w", o.lease, err)
-	}
-	return o.lease, resp.GrantedTTL, false, nil
 }
 
 // Close ends the Session: it stops the keep-alive, revokes the lease (which
@@ -317,58 +295,63 @@ func lease(ctx context.Context, client *clientv3.Client, o sessionOptions) (id c
 //
 // After Close, every lock call on the Session returns ErrSessionExpired.
 func (s *Session) Close() error {
-	s.end(func() error {
+	s.end(func(tm *leaseTerm) error {
 		if s.stopRevoke != nil && !s.stopRevoke() {
 			// The WithContext revoke has started: one revoke is enough.
 			<-s.revoked
 			return s.revokeErr
 		}
-		return s.revoke(context.Background())
+		return tm.revoke(context.Background())
 	})
 	return s.closeErr
 }
 
-// end ends the Session once, with revoke as the revoke of its lease, and
-// waits for its background work; then it waits for the delivery of the
-// events left to the observers, unless an Observer called it.
-func (s *Session) end(revoke func() error) {
+// end ends the Session once, with revoke as the revoke of the lease in
+// use, and waits for its background work; then it waits for the delivery
+// of the events left to the observers, unless an Observer called it.
+func (s *Session) end(revoke func(*leaseTerm) error) {
 	s.closeOnce.Do(func() {
-		s.bgMu.Lock()
-		s.closing = true
-		s.bgMu.Unlock()
-		s.cs.Orphan()
-		s.closeErr = revoke()
+		s.closeErr = revoke(s.stop())
 		s.bg.Wait()
 	})
 	s.events.close()
 }
 
-func (s *Session) revoke(ctx context.Context) error {
-	if err := s.client.Ctx().Err(); err != nil {
-		// A closed client sends nothing: the lease expires on its own.
-		return fmt.Errorf("etcdlock: revoke lease %x: client closed: %w", s.cs.Lease(), err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, revokeTimeout)
-	defer cancel()
-	_, err := s.client.Revoke(ctx, s.cs.Lease())
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("etcdlock: revoke lease %x: %w", s.cs.Lease(), err)
-	}
-	return nil
+// stop marks the Session as ending: no new background work and no new
+// lease from now on. It ends the Session's life and the lease in use, and
+// returns that lease's term, for its revoke.
+func (s *Session) stop() *leaseTerm {
+	s.bgMu.Lock()
+	s.closing = true
+	tm := s.term.Load()
+	s.bgMu.Unlock()
+	s.endLife()
+	tm.cs.Orphan()
+	return tm
 }
 
-// Done returns a channel that is closed when the Session ends: its lease was
-// revoked or expired, keep-alives stopped being acknowledged for a whole TTL,
-// Close was called, or the WithContext context was cancelled. A revoke by
-// anyone is seen within about TTL/3 + 1 s, at the next keep-alive.
+// Done returns a channel that is closed when the Session ends: Close was
+// called, or the WithContext context was cancelled; and, without
+// WithRenewal, its lease was revoked or expired, or keep-alives stopped
+// being acknowledged for a whole TTL. A revoke by anyone is seen within
+// about TTL/3 + 1 s, at the next keep-alive. A Session made WithRenewal
+// outlives its leases: its Done closes only at Close or at the end of the
+// WithContext context.
 //
 // Done is no early warning: when it closes because etcd went quiet, the
 // server may already have expired the lease. Mutex.Done warns earlier.
-func (s *Session) Done() <-chan struct{} { return s.cs.Done() }
+func (s *Session) Done() <-chan struct{} {
+	if s.renews {
+		return s.life.Done()
+	}
+	return s.term.Load().cs.Done()
+}
 
-// Lease returns the ID of the Session's lease. Every lock key taken with the
-// Session is attached to it.
-func (s *Session) Lease() clientv3.LeaseID { return s.cs.Lease() }
+// Lease returns the ID of the Session's lease: the lease in use, with which
+// every lock key taken now is put. WithRenewal, a later call may return a
+// later lease; the keys of a hold keep the lease of their acquisition
+// (Held.Lease).
+func (s *Session) Lease() clientv3.LeaseID { return s.term.Load().id }
 
 // Client returns the client the Session was made with.
 func (s *Session) Client() *clientv3.Client { return s.client }
@@ -376,15 +359,13 @@ func (s *Session) Client() *clientv3.Client { return s.client }
 // TTL returns the lease TTL that etcd granted, in whole seconds.
 func (s *Session) TTL() time.Duration { return s.ttl }
 
-// expired reports whether the Session has ended. The Session's context is
-// cancelled as Done closes, on either side of it.
-func (s *Session) expired() bool {
-	select {
-	case <-s.cs.Done():
-		return true
-	default:
-		return s.cs.Ctx().Err() != nil
+// ended reports whether the Session has ended: no lock can be taken with
+// it any more.
+func (s *Session) ended() bool {
+	if s.renews {
+		return s.life.Err() != nil
 	}
+	return s.term.Load().Expired()
 }
 
 // closedByUser reports whether the Session was ended by Close or by its
@@ -395,75 +376,23 @@ func (s *Session) closedByUser() bool {
 	return s.closing || s.ctx.Err() != nil
 }
 
-// opContext returns ctx, also cancelled when the Session ends and, for
+// opContext returns ctx, also cancelled when the term tm ends and, for
 // wait > 0, after wait.
-func (s *Session) opContext(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+func opContext(ctx context.Context, tm *leaseTerm, wait time.Duration) (context.Context, context.CancelFunc) {
 	var cancel context.CancelFunc
 	if wait > 0 {
 		ctx, cancel = context.WithTimeout(ctx, wait)
 	} else {
 		ctx, cancel = context.WithCancel(ctx)
 	}
-	stop := context.AfterFunc(s.cs.Ctx(), cancel)
+	stop := context.AfterFunc(tm.ctx(), cancel)
 	return ctx, func() { stop(); cancel() }
-}
-
-// leaseGone ends the Session once etcd has said that its lease no longer
-// exists: Done closes, and every lock call returns ErrSessionExpired, without
-// waiting for the next keep-alive to find out.
-func (s *Session) leaseGone() { s.cs.Orphan() }
-
-// untilSilent returns how long until keep-alives have gone unacknowledged
-// for two thirds of the TTL: the point where the lease may expire soon.
-func (s *Session) untilSilent() time.Duration {
-	last := time.Unix(0, s.lastAck.Load())
-	return time.Until(last.Add(s.ttl - s.ttl/3))
-}
-
-// probeKeepAlive measures the keep-alive for the observers: every TTL/3 it
-// renews the lease once more itself, and reports the round trip and the
-// margin the lease had left, counted from the last acknowledgement on the
-// Session's keep-alive stream. It does not move that clock: Done and the
-// end of the Session both count from the stream's acknowledgements, so an
-// observed Session warns as early as one that is not.
-func (s *Session) probeKeepAlive() {
-	ctx := s.cs.Ctx()
-	interval := s.ttl / 3
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		last := time.Unix(0, s.lastAck.Load())
-		start := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, interval)
-		_, err := s.client.KeepAliveOnce(rctx, s.Lease())
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		now := time.Now()
-		e := Event{Kind: KeptAlive, Time: now, RTT: now.Sub(start), Margin: last.Add(s.ttl).Sub(now), TTL: s.ttl, Err: err}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.leaseGone()
-		}
-		s.events.emit(e)
-	}
-}
-
-// uniqueKey returns a new key under pfx for one hold of this Session:
-// <lease ID in hex>-<number>.
-func (s *Session) uniqueKey(pfx string) string {
-	return fmt.Sprintf("%s%x-%x", pfx, s.Lease(), s.seq.Add(1))
 }
 
 // goBackground runs f in a goroutine that Close waits for, unless the
 // Session is closing, where it reports false and runs nothing: the revoke
 // that Close makes does f's cleaning anyway. f must return soon after the
-// Session's context, s.cs.Ctx(), is done.
+// context of the term it works for (leaseTerm.ctx) is done.
 func (s *Session) goBackground(f func()) bool {
 	s.bgMu.Lock()
 	defer s.bgMu.Unlock()
@@ -473,10 +402,3 @@ func (s *Session) goBackground(f func()) bool {
 	s.bg.Go(f)
 	return true
 }
-
-// sessionLease is the Session's lease as the queue needs it.
-type sessionLease struct{ s *Session }
-
-func (l sessionLease) ID() clientv3.LeaseID { return l.s.Lease() }
-func (l sessionLease) Expired() bool        { return l.s.expired() }
-func (l sessionLease) Gone()                { l.s.leaseGone() }

@@ -30,23 +30,25 @@ const (
 type ticket struct {
 	*queue.Ticket
 	s    *Session
+	term *leaseTerm // the lease our key is put with
 	lock string
 	kind Kind
 }
 
-// newTicket returns a ticket for key, with value, in the queue of the lock
-// name, of kind kind (KindMutex...), under rule r.
-func (s *Session) newTicket(name string, kind Kind, r *queue.Rule, key, value string) *ticket {
-	marker := fmt.Sprintf("%s\x00etcdlock/%x-%x", name, s.Lease(), s.seq.Add(1))
-	return &ticket{Ticket: queue.NewTicket(s.conn, r, key, value, marker), s: s, lock: name, kind: kind}
+// newTicket returns a ticket for key, put with the lease of tm, with value,
+// in the queue of the lock name, of kind kind (KindMutex...), under rule r.
+func (tm *leaseTerm) newTicket(name string, kind Kind, r *queue.Rule, key, value string) *ticket {
+	s := tm.s
+	marker := fmt.Sprintf("%s\x00etcdlock/%x-%x", name, tm.id, s.seq.Add(1))
+	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value, marker), s: s, term: tm, lock: name, kind: kind}
 }
 
 // abort removes our key after a failed acquisition, if it may be in etcd, on
 // a context detached from ctx and bounded; then runs when that is done. Where
 // etcd does not confirm the delete, it is retried in the background, and then
-// runs only after it succeeded or the Session ended.
+// runs only after it succeeded or the lease ended.
 func (t *ticket) abort(ctx context.Context, then func()) {
-	if t.MayBeInEtcd() && !t.s.expired() {
+	if t.MayBeInEtcd() && !t.term.Expired() {
 		if _, err := t.release(ctx, abortTimeout); err != nil {
 			t.releaseLater(then)
 			return
@@ -66,11 +68,11 @@ func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, erro
 }
 
 // releaseLater retries the delete of our key in the background, with
-// backoff, until it succeeds or the Session ends (which ends an attempt
-// under way too: the revoke deletes the key anyway), then runs then (which
-// may be nil).
+// backoff, until it succeeds or its lease ends (which ends an attempt under
+// way too: the revoke of the lease, by Close or renew, or its expiry deletes
+// the key anyway), then runs then (which may be nil).
 func (t *ticket) releaseLater(then func()) {
-	sctx := t.s.cs.Ctx()
+	sctx := t.term.ctx()
 	ok := t.s.goBackground(func() {
 		if then != nil {
 			defer then()
@@ -93,6 +95,6 @@ func (t *ticket) releaseLater(then func()) {
 // failed with err.
 func (t *ticket) released(deleted bool, err error) {
 	if t.s.events != nil {
-		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Key: t.Key(), Token: t.Rev(), Err: err, FencedMiss: err == nil && !deleted})
+		t.s.events.emit(Event{Kind: Released, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: t.Rev(), Err: err, FencedMiss: err == nil && !deleted})
 	}
 }
