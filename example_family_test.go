@@ -108,10 +108,13 @@ func ExampleLead() {
 		resp, err := client.Txn(ctx).If(h.IsOwner()).
 			Then(clientv3.OpPut("cron/leader-addr", "10.0.0.1:8080", clientv3.WithLease(h.Lease))).Commit()
 		if err != nil {
-			return err
+			// A transient failure must not end Lead (an error from f
+			// does): log it and return nil, and Lead campaigns again.
+			log.Printf("publish: %v; campaigning again", err)
+			return nil
 		}
 		fmt.Println("published:", resp.Succeeded)
-		stop() // a real duty runs until ctx is cancelled
+		stop() // here, to end the example: a real duty runs until ctx is cancelled
 		<-ctx.Done()
 		return nil
 	}, etcdlock.WithTTL(10*time.Second), etcdlock.WithIdentity("replica-1"))

@@ -70,8 +70,9 @@ func (m *Mutex) check(ctx context.Context) error {
 
 // Lock takes the lock, blocking until it is held. It retries what can be
 // retried (etcd unreachable, a malformed reply) for as long as the Session
-// lives. It panics only where the lock can never be taken: an expired or
-// closed Session, the empty name, a nil Session. Use LockContext to get
+// lives (WithRenewal, also across a lost lease: it waits for the next). It
+// panics only where the lock can never be taken: a closed Session, or one
+// without WithRenewal whose lease is gone, the empty name, a nil Session. Use LockContext to get
 // those as errors, or to bound the wait.
 func (m *Mutex) Lock() { lockBlocking("Lock", m.Name(), m.session(), m.LockContext) }
 

@@ -235,6 +235,10 @@ func (c *Collector) Observe(e etcdlock.Event) {
 		c.dropped.Add(float64(e.Dropped))
 	case etcdlock.SessionClosed:
 		c.closed(e.Lease)
+	case etcdlock.LeaseRenewed:
+		// The holds and acquisitions of the lost lease are over, whether
+		// or not their ends were reported.
+		c.closed(e.OldLease)
 	}
 }
 
