@@ -24,7 +24,8 @@ const (
 // A Session is one etcd lease, kept alive in the background, shared by every
 // Mutex, RWMutex and Semaphore made with it. When the process dies the lease expires and etcd
 // deletes every key attached to it, so a crashed holder never blocks others
-// for longer than the TTL.
+// for longer than the TTL. A Session ends with its lease, unless it is made
+// WithRenewal: it then goes on with a new lease after each loss.
 //
 // A Session is safe for use by many goroutines. Close it when done; a Session
 // that is not closed keeps its lease alive until its client is closed.
