@@ -116,7 +116,9 @@ func (m *Mutex) LockContext(ctx context.Context) error {
 // the wait ran out; (false, err) on failure, with ctx.Err() when ctx ended
 // first. A try that fails because another holder has the lock writes nothing
 // to etcd; like LockContext, every call that returns without the lock leaves
-// no key of its own behind.
+// no key of its own behind. Where etcd does not answer, even a try
+// (wait <= 0) waits for it until ctx ends: put a deadline on ctx to bound
+// it; the call returns by that deadline + 1 s.
 func (m *Mutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {
 	return m.acquire(ctx, max(wait, tryOnly))
 }
