@@ -130,8 +130,11 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 		return false, err
 	}
 	st, how, w := m.enter(ctx, wait == tryOnly)
-	if how == reentered {
+	switch how {
+	case reentered:
 		return true, nil
+	case wouldDeadlock:
+		return false, ErrWouldDeadlock
 	}
 	// Our process's turn first: one key per process, taken by one
 	// goroutine at a time.

@@ -85,9 +85,9 @@ type Event struct {
 	Kind      EventKind
 	Time      time.Time        // when it happened
 	Lease     clientv3.LeaseID // the Session's lease: which Session it happened to
-	Lock      string           // the lock's name
-	Primitive Kind             // KindMutex, KindRead, KindWrite or KindSemaphore
-	Key       string           // our key, once known
+	Lock      string           // the lock's name; a MultiMutex's names, sorted, joined by commas
+	Primitive Kind             // KindMutex, KindRead, KindWrite, KindSemaphore or KindMulti
+	Key       string           // our key, once known; a MultiMutex's first (the others: its other names', same lease and token)
 	Token     int64            // the hold's fencing token, once known
 
 	Outcome   Outcome       // AcquireEnded

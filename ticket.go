@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
@@ -37,8 +38,24 @@ type ticket struct {
 // newTicket returns a ticket for key, with value, in the queue of the lock
 // name, of kind kind (KindMutex...), under rule r.
 func (s *Session) newTicket(name string, kind Kind, r *queue.Rule, key, value string) *ticket {
-	marker := fmt.Sprintf("%s\x00etcdlock/%x-%x", name, s.Lease(), s.seq.Add(1))
-	return &ticket{Ticket: queue.NewTicket(s.conn, r, key, value, marker), s: s, lock: name, kind: kind}
+	return &ticket{Ticket: queue.NewTicket(s.conn, r, key, value, s.marker(name)), s: s, lock: name, kind: kind}
+}
+
+// newGroupTicket returns one ticket for the Mutex keys of names (sorted),
+// with the lease of s as it is now, in the queues of rules (one per name):
+// a MultiMutex's acquisition.
+func (s *Session) newGroupTicket(names []string, rules []*queue.Rule) *ticket {
+	slots := make([]queue.Slot, len(names))
+	for i, name := range names {
+		slots[i] = queue.Slot{Rule: rules[i], Key: fmt.Sprintf("%s/%x", name, s.Lease()), Value: s.identity}
+	}
+	return &ticket{Ticket: queue.NewGroup(s.conn, s.marker(names[0]), slots...), s: s, lock: strings.Join(names, ","), kind: KindMulti}
+}
+
+// marker returns a new marker key for a ticket of the lock name: outside
+// every lock's prefix, and of that ticket alone.
+func (s *Session) marker(name string) string {
+	return fmt.Sprintf("%s\x00etcdlock/%x-%x", name, s.Lease(), s.seq.Add(1))
 }
 
 // abort removes our key after a failed acquisition, if it may be in etcd, on

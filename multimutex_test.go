@@ -1,0 +1,456 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/etcdlock/etcdlock"
+)
+
+// multiLocker is a MultiMutex as a locker.
+type multiLocker struct{ m *etcdlock.MultiMutex }
+
+func (l multiLocker) Lock(ctx context.Context) error            { return l.m.LockContext(ctx) }
+func (l multiLocker) TryLock(ctx context.Context) (bool, error) { return l.m.TryLockFor(ctx, 0) }
+func (l multiLocker) Unlock(ctx context.Context) error          { return l.m.UnlockContext(ctx) }
+func (l multiLocker) Key() string                               { return "" }
+
+// funcLocker is a lock given by its lock and unlock functions, as a locker.
+type funcLocker struct{ lock, unlock func(context.Context) error }
+
+func (l funcLocker) Lock(ctx context.Context) error            { return l.lock(ctx) }
+func (l funcLocker) TryLock(ctx context.Context) (bool, error) { return false, errors.New("no try") }
+func (l funcLocker) Unlock(ctx context.Context) error          { return l.unlock(ctx) }
+func (l funcLocker) Key() string                               { return "" }
+
+// multiNames returns n lock names of the test's own.
+func multiNames(t *testing.T, n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = lockName(t) + "/" + string(rune('a'+i))
+	}
+	return names
+}
+
+// multiKeys returns, per name, the keys of lease under the name's prefix
+// (every key for clientv3.NoLease), judged in etcd.
+func multiKeys(t *testing.T, client *clientv3.Client, names []string, lease clientv3.LeaseID) [][]string {
+	t.Helper()
+	keys := make([][]string, len(names))
+	for i, name := range names {
+		keys[i] = keysOfLease(t, client, name, lease)
+	}
+	return keys
+}
+
+// noKeys fails the test if any of the names has a key of lease in etcd.
+func noKeys(t *testing.T, client *clientv3.Client, names []string, lease clientv3.LeaseID, when string) {
+	t.Helper()
+	for i, keys := range multiKeys(t, client, names, lease) {
+		if len(keys) > 0 {
+			t.Errorf("%s: keys of %q: got %q, want none", when, names[i], keys)
+		}
+	}
+}
+
+// createRevisions returns the create revision of each key, judged in etcd
+// (0 for a key that is not there).
+func createRevisions(t *testing.T, client *clientv3.Client, keys ...string) []int64 {
+	t.Helper()
+	revs := make([]int64, len(keys))
+	for i, key := range keys {
+		resp, err := client.Get(testContext(t), key)
+		if err != nil {
+			t.Fatalf("get %q: %v", key, err)
+		}
+		if len(resp.Kvs) == 1 {
+			revs[i] = resp.Kvs[0].CreateRevision
+		}
+	}
+	return revs
+}
+
+func TestMultiLockUnlock(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	ctx := testContext(t)
+	names := multiNames(t, 3)
+	m := etcdlock.NewMultiMutex(s, names[2], names[0], names[1], names[0])
+	if got := m.Names(); !slices.Equal(got, names) {
+		t.Fatalf("Names: got %q, want %q", got, names)
+	}
+	if m.Token() != 0 || !isClosed(m.Done()) {
+		t.Fatalf("before Lock: Token %d, Done closed %v; want 0, true", m.Token(), isClosed(m.Done()))
+	}
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext: got %v, want nil", err)
+	}
+	keys := make([]string, len(names))
+	for i, name := range names {
+		keys[i] = keyOf(name, s.Lease())
+		if got := lockKeys(t, client, name); !slices.Equal(got, keys[i:i+1]) {
+			t.Errorf("keys of %q in etcd: got %q, want %q", name, got, keys[i:i+1])
+		}
+	}
+	revs := createRevisions(t, client, keys...)
+	for i, rev := range revs {
+		if rev != m.Token() {
+			t.Errorf("create revision of %q: got %d, want the token %d", keys[i], rev, m.Token())
+		}
+	}
+	for _, name := range names {
+		if got := etcdlock.NewMutex(s, name).Token(); got != m.Token() {
+			t.Errorf("Mutex(%q).Token: got %d, want %d", name, got, m.Token())
+		}
+		q, err := etcdlock.Inspect(ctx, client, name)
+		if err != nil || len(q) != 1 || q[0].Key != keyOf(name, s.Lease()) || !q[0].Holds || q[0].Token != m.Token() || q[0].Kind != etcdlock.KindMutex {
+			t.Errorf("Inspect(%q): got %+v, %v; want one holding Mutex key at the token", name, q, err)
+		}
+	}
+	if isClosed(m.Done()) {
+		t.Fatal("Done closed while held")
+	}
+	done := m.Done()
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatalf("UnlockContext: got %v, want nil", err)
+	}
+	noKeys(t, client, names, clientv3.NoLease, "after UnlockContext")
+	if !isClosed(done) || m.Token() != 0 {
+		t.Errorf("after UnlockContext: Done closed %v, Token %d; want true, 0", isClosed(done), m.Token())
+	}
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrNotHeld) {
+		t.Errorf("second UnlockContext: got %v, want ErrNotHeld", err)
+	}
+	// Again, with the sync.Locker methods.
+	m.Lock()
+	m.Unlock()
+	noKeys(t, client, names, clientv3.NoLease, "after Unlock")
+}
+
+func TestMultiReentrant(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	ctx := testContext(t)
+	names := multiNames(t, 2)
+	m := etcdlock.NewMultiMutex(s, names...)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext: %v", err)
+	}
+	token := m.Token()
+	// The same names, another handle, another order: the same lock.
+	other := etcdlock.NewMultiMutex(s, names[1], names[0])
+	if err := other.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext again: got %v, want nil", err)
+	}
+	if !other.TryLock() {
+		t.Fatal("TryLock by the holder: got false, want true")
+	}
+	if other.Token() != token {
+		t.Errorf("Token through the other handle: got %d, want %d", other.Token(), token)
+	}
+	for range 2 {
+		if err := m.UnlockContext(ctx); err != nil {
+			t.Fatalf("UnlockContext: %v", err)
+		}
+	}
+	if got := multiKeys(t, client, names, s.Lease()); len(got[0]) != 1 || len(got[1]) != 1 {
+		t.Errorf("keys with one hold left: got %q, want one per name", got)
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatalf("last UnlockContext: %v", err)
+	}
+	noKeys(t, client, names, clientv3.NoLease, "after the last unlock")
+}
+
+// TestMultiExcludes: a Mutex, a concurrency.Mutex and a MultiMutex of
+// another Session on one of the names exclude a MultiMutex, and are
+// excluded by it; a try writes nothing while one name is held.
+func TestMultiExcludes(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	names := multiNames(t, 3)
+	s := newSession(t, client)
+	m := etcdlock.NewMultiMutex(s, names...)
+	other := newSession(t, startClient(t, client))
+	up := newUpstreamSession(t, client, 10)
+
+	holders := map[string]struct {
+		lock, unlock func(context.Context) error
+	}{
+		"Mutex": {etcdlock.NewMutex(other, names[1]).LockContext, etcdlock.NewMutex(other, names[1]).UnlockContext},
+		"concurrency.Mutex": func() struct{ lock, unlock func(context.Context) error } {
+			um := concurrency.NewMutex(up, names[2])
+			return struct{ lock, unlock func(context.Context) error }{um.Lock, um.Unlock}
+		}(),
+		"MultiMutex": {etcdlock.NewMultiMutex(other, names[0], "x"+names[0]).LockContext, etcdlock.NewMultiMutex(other, names[0], "x"+names[0]).UnlockContext},
+	}
+	for what, h := range holders {
+		if err := h.lock(ctx); err != nil {
+			t.Fatalf("%s: lock: %v", what, err)
+		}
+		if m.TryLock() {
+			t.Fatalf("%s holds: TryLock got true, want false", what)
+		}
+		noKeys(t, client, names, s.Lease(), what+" holds, after TryLock")
+		if ok, err := m.TryLockFor(ctx, 200*time.Millisecond); ok || err != nil {
+			t.Fatalf("%s holds: TryLockFor got %v, %v; want false, nil", what, ok, err)
+		}
+		noKeys(t, client, names, s.Lease(), what+" holds, after TryLockFor")
+		w := lockInGoroutine(t, ctx, multiLocker{m})
+		if !blocked(w.locked, 300*time.Millisecond) {
+			t.Fatalf("%s holds: LockContext returned, want it to wait", what)
+		}
+		if err := h.unlock(ctx); err != nil {
+			t.Fatalf("%s: unlock: %v", what, err)
+		}
+		if err := waitErr(t, w.locked); err != nil {
+			t.Fatalf("%s released: LockContext got %v, want nil", what, err)
+		}
+		// Now the MultiMutex holds: the other waits.
+		hw := lockInGoroutine(t, ctx, funcLocker{h.lock, h.unlock})
+		if !blocked(hw.locked, 300*time.Millisecond) {
+			t.Fatalf("MultiMutex holds: %s's lock returned, want it to wait", what)
+		}
+		if err := w.Release(); err != nil {
+			t.Fatalf("MultiMutex's UnlockContext: %v", err)
+		}
+		if err := waitErr(t, hw.locked); err != nil {
+			t.Fatalf("MultiMutex released: %s's lock got %v, want nil", what, err)
+		}
+		if err := hw.Release(); err != nil {
+			t.Fatalf("%s: unlock: %v", what, err)
+		}
+	}
+	noKeys(t, client, names, clientv3.NoLease, "at the end")
+}
+
+// TestMultiSameSession: two goroutines of one Session, with overlapping
+// names, exclude each other; a goroutine waiting for its local turn writes
+// nothing.
+func TestMultiSameSession(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	ctx := testContext(t)
+	names := multiNames(t, 3)
+	first := etcdlock.NewMultiMutex(s, names[0], names[1])
+	second := etcdlock.NewMultiMutex(s, names[1], names[2])
+	if err := first.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext: %v", err)
+	}
+	if second.TryLock() {
+		t.Fatal("TryLock of an overlapping MultiMutex by another goroutine: got true, want false")
+	}
+	w := lockInGoroutine(t, ctx, multiLocker{second})
+	if !blocked(w.locked, 300*time.Millisecond) {
+		t.Fatal("overlapping MultiMutex: LockContext returned, want it to wait")
+	}
+	if got := lockKeys(t, client, names[2]); len(got) != 0 {
+		t.Errorf("keys of %q while the second waits for its turn: got %q, want none", names[2], got)
+	}
+	if err := first.UnlockContext(ctx); err != nil {
+		t.Fatalf("UnlockContext: %v", err)
+	}
+	if err := waitErr(t, w.locked); err != nil {
+		t.Fatalf("LockContext after the release: got %v, want nil", err)
+	}
+	if got := lockKeys(t, client, names[0]); len(got) != 0 {
+		t.Errorf("keys of %q: got %q, want none", names[0], got)
+	}
+	// second holds in another goroutine: this one's unlock is not its own.
+	if err := second.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrNotHeld) {
+		t.Errorf("UnlockContext by another goroutine: got %v, want ErrNotHeld", err)
+	}
+	if err := w.Release(); err != nil {
+		t.Errorf("UnlockContext by the holder: got %v, want nil", err)
+	}
+	noKeys(t, client, names, clientv3.NoLease, "at the end")
+}
+
+func TestMultiWouldDeadlock(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	ctx := testContext(t)
+	names := multiNames(t, 2)
+	m := etcdlock.NewMultiMutex(s, names...)
+	mu := etcdlock.NewMutex(s, names[1])
+
+	// A Mutex held, then the MultiMutex asked.
+	if err := mu.LockContext(ctx); err != nil {
+		t.Fatalf("Mutex.LockContext: %v", err)
+	}
+	if err := m.LockContext(ctx); !errors.Is(err, etcdlock.ErrWouldDeadlock) {
+		t.Errorf("MultiMutex.LockContext while holding a Mutex of one name: got %v, want ErrWouldDeadlock", err)
+	}
+	if ok, err := m.TryLockFor(ctx, time.Second); ok || !errors.Is(err, etcdlock.ErrWouldDeadlock) {
+		t.Errorf("TryLockFor: got %v, %v; want false, ErrWouldDeadlock", ok, err)
+	}
+	assertPanics(t, "Lock", "LockContext", m.Lock)
+	if got := lockKeys(t, client, names[0]); len(got) != 0 {
+		t.Errorf("keys of %q: got %q, want none", names[0], got)
+	}
+	if err := mu.UnlockContext(ctx); err != nil {
+		t.Fatalf("Mutex.UnlockContext: %v", err)
+	}
+
+	// The MultiMutex held, then a Mutex of one name asked.
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("MultiMutex.LockContext: %v", err)
+	}
+	if err := mu.LockContext(ctx); !errors.Is(err, etcdlock.ErrWouldDeadlock) {
+		t.Errorf("Mutex.LockContext while holding the MultiMutex: got %v, want ErrWouldDeadlock", err)
+	}
+	assertPanics(t, "Mutex.Lock", "LockContext", mu.Lock)
+	if err := mu.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrNotHeld) {
+		t.Errorf("Mutex.UnlockContext of a name held through the MultiMutex: got %v, want ErrNotHeld", err)
+	}
+	// Another MultiMutex sharing a name.
+	if err := etcdlock.NewMultiMutex(s, names[0], "x"+names[0]).LockContext(ctx); !errors.Is(err, etcdlock.ErrWouldDeadlock) {
+		t.Errorf("another MultiMutex sharing a name: got %v, want ErrWouldDeadlock", err)
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatalf("MultiMutex.UnlockContext: %v", err)
+	}
+	noKeys(t, client, names, clientv3.NoLease, "at the end")
+}
+
+func TestMultiBadInput(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	ctx := testContext(t)
+	for _, tc := range []struct {
+		what string
+		m    *etcdlock.MultiMutex
+		want error
+	}{
+		{"nil Session", etcdlock.NewMultiMutex(nil, "a"), etcdlock.ErrInvalidArgument},
+		{"no names", etcdlock.NewMultiMutex(s), etcdlock.ErrInvalidArgument},
+		{"an empty name", etcdlock.NewMultiMutex(s, "a", ""), etcdlock.ErrInvalidName},
+		{"nil MultiMutex", nil, etcdlock.ErrInvalidArgument},
+	} {
+		if err := tc.m.LockContext(ctx); !errors.Is(err, tc.want) {
+			t.Errorf("%s: LockContext got %v, want %v", tc.what, err, tc.want)
+		}
+		if ok, err := tc.m.TryLockFor(ctx, time.Second); ok || !errors.Is(err, tc.want) {
+			t.Errorf("%s: TryLockFor got %v, %v; want false, %v", tc.what, ok, err, tc.want)
+		}
+		if err := tc.m.UnlockContext(ctx); !errors.Is(err, tc.want) {
+			t.Errorf("%s: UnlockContext got %v, want %v", tc.what, err, tc.want)
+		}
+		if tc.m.TryLock() || tc.m.Token() != 0 || !isClosed(tc.m.Done()) {
+			t.Errorf("%s: TryLock, Token, Done: want false, 0, closed", tc.what)
+		}
+		assertPanics(t, tc.what+": Lock", "LockContext", tc.m.Lock)
+	}
+	var nilCtx context.Context // a nil context is the bad input under test
+	if err := etcdlock.NewMultiMutex(s, "a").LockContext(nilCtx); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("nil context: got %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestMultiCancelLeavesNothing: a LockContext whose ctx ends while it waits
+// leaves no key in any queue, and the queue moves on.
+func TestMultiCancelLeavesNothing(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	names := multiNames(t, 3)
+	s := newSession(t, client)
+	holder := newSession(t, startClient(t, client))
+	mu := etcdlock.NewMutex(holder, names[2])
+	if err := mu.LockContext(ctx); err != nil {
+		t.Fatalf("Mutex.LockContext: %v", err)
+	}
+	m := etcdlock.NewMultiMutex(s, names...)
+	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if err := m.LockContext(wctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("LockContext with a deadline: got %v, want DeadlineExceeded", err)
+	}
+	noKeys(t, client, names, s.Lease(), "after the deadline")
+	cctx, cancel := context.WithCancel(ctx)
+	waiting := result(func() error { return m.LockContext(cctx) })
+	eventually(t, "the MultiMutex's keys", func() bool { return len(keysOfLease(t, client, names[0], s.Lease())) == 1 })
+	cancel()
+	if err := waitErr(t, waiting); !errors.Is(err, context.Canceled) {
+		t.Fatalf("LockContext cancelled: got %v, want Canceled", err)
+	}
+	noKeys(t, client, names, s.Lease(), "after the cancel")
+	if err := mu.UnlockContext(ctx); err != nil {
+		t.Fatalf("Mutex.UnlockContext: %v", err)
+	}
+	if !m.TryLock() {
+		t.Fatal("TryLock once free: got false, want true")
+	}
+	m.Unlock()
+}
+
+// TestMultiDoneOnDeletedKey: Done closes when one key of the hold is
+// deleted by hand, and the release deletes the others, saying the hold was
+// lost.
+func TestMultiDoneOnDeletedKey(t *testing.T) {
+	_, client := startServer(t)
+	s := newSession(t, client)
+	ctx := testContext(t)
+	names := multiNames(t, 3)
+	m := etcdlock.NewMultiMutex(s, names...)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext: %v", err)
+	}
+	done := m.Done()
+	if _, ok := closedWithin(done, 300*time.Millisecond); ok {
+		t.Fatal("Done closed while every key is there")
+	}
+	if _, err := client.Delete(ctx, keyOf(names[1], s.Lease())); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if _, ok := closedWithin(done, 5*time.Second); !ok {
+		t.Fatal("Done still open 5 s after a key was deleted")
+	}
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Errorf("UnlockContext after the loss: got %v, want ErrLockLost", err)
+	}
+	noKeys(t, client, names, clientv3.NoLease, "after UnlockContext")
+}
+
+// TestMultiWaiterRequeued: a key of a waiting MultiMutex deleted by hand
+// makes it queue all its keys again, at one new revision.
+func TestMultiWaiterRequeued(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	names := multiNames(t, 2)
+	holder := newSession(t, startClient(t, client))
+	mu := etcdlock.NewMutex(holder, names[1])
+	if err := mu.LockContext(ctx); err != nil {
+		t.Fatalf("Mutex.LockContext: %v", err)
+	}
+	s := newSession(t, client)
+	m := etcdlock.NewMultiMutex(s, names...)
+	waiting := result(func() error { return m.LockContext(ctx) })
+	eventually(t, "the MultiMutex's keys", func() bool { return len(keysOfLease(t, client, names[1], s.Lease())) == 1 })
+	before := createRevisions(t, client, keyOf(names[0], s.Lease()))[0]
+	if _, err := client.Delete(ctx, keyOf(names[1], s.Lease())); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	eventually(t, "the keys queued again", func() bool {
+		revs := createRevisions(t, client, keyOf(names[0], s.Lease()), keyOf(names[1], s.Lease()))
+		return revs[0] > before && revs[0] == revs[1]
+	})
+	if err := mu.UnlockContext(ctx); err != nil {
+		t.Fatalf("Mutex.UnlockContext: %v", err)
+	}
+	if err := waitErr(t, waiting); err != nil {
+		t.Fatalf("LockContext: got %v, want nil", err)
+	}
+	revs := createRevisions(t, client, keyOf(names[0], s.Lease()), keyOf(names[1], s.Lease()))
+	if m.Token() != 0 {
+		t.Errorf("Token in another goroutine: got %d, want 0", m.Token())
+	}
+	if revs[0] != revs[1] || revs[0] <= before {
+		t.Errorf("create revisions: got %v, want one revision after %d", revs, before)
+	}
+}
