@@ -58,6 +58,10 @@ var matrix = []matrixKind{
 	{"RWMutex write", famActor(openWriter), openWriter, openWriter, lockCalls(true, callCheck)},
 	{"RWMutex read", famActor(openReader), openWriter, openWriter, lockCalls(true, callCheck)},
 	{"Semaphore", famActor(openSemaphore(2)), blockSemaphore(2), openSemaphore(2), lockCalls(true, callPromote)},
+	// Its second name is nested under the first: both keys lie under the
+	// lock's prefix, where the cases look for what is left behind, and the
+	// holders and waiters block it through the first.
+	{"MultiMutex", famActor(openMulti), openMutex, openMutex, lockCalls(true, callCheck)},
 	{"Do", doActor, openMutex, openMutex, lockCalls(false, callCheck)},
 	// Lead closes its Session as it returns: the revoke deletes the key,
 	// and no release is retried in the background.

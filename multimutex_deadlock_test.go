@@ -35,7 +35,8 @@ type multiRun struct {
 // and in memory that no two holders of a name overlap.
 func multiWorkload(t *testing.T, client *clientv3.Client, names []string, workers int, d, wait time.Duration, lockByLock bool, seed uint64) *multiRun {
 	t.Helper()
-	ctx := testContext(t)
+	ctx, cancel := context.WithTimeout(context.Background(), d+wait+testTimeout)
+	defer cancel()
 	var run multiRun
 	holders := make([]atomic.Int32, len(names))
 	end := time.Now().Add(d)

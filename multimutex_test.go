@@ -21,6 +21,31 @@ func (l multiLocker) TryLock(ctx context.Context) (bool, error) { return l.m.Try
 func (l multiLocker) Unlock(ctx context.Context) error          { return l.m.UnlockContext(ctx) }
 func (l multiLocker) Key() string                               { return "" }
 
+// multiLock is a MultiMutex as a lock of the family.
+type multiLock struct {
+	m *etcdlock.MultiMutex
+	s *etcdlock.Session
+}
+
+// openMulti opens a MultiMutex of name and of a name nested under it: both
+// keys lie under name's prefix.
+func openMulti(s *etcdlock.Session, name string) famLock {
+	return multiLock{etcdlock.NewMultiMutex(s, name+"/m", name), s}
+}
+
+func (l multiLock) Lock(ctx context.Context) error { return l.m.LockContext(ctx) }
+func (l multiLock) TryLock(ctx context.Context, wait time.Duration) (bool, error) {
+	return l.m.TryLockFor(ctx, wait)
+}
+func (l multiLock) Unlock(ctx context.Context) error { return l.m.UnlockContext(ctx) }
+func (l multiLock) Token() int64                     { return l.m.Token() }
+func (l multiLock) Done() <-chan struct{}            { return l.m.Done() }
+
+// IsOwner: the first key is there, at the token.
+func (l multiLock) IsOwner() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(keyOf(l.m.Names()[0], l.s.Lease())), "=", l.m.Token())
+}
+
 // funcLocker is a lock given by its lock and unlock functions, as a locker.
 type funcLocker struct{ lock, unlock func(context.Context) error }
 
