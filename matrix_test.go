@@ -618,6 +618,11 @@ func (mc *matrixCase) contend(ctx context.Context, a actor, releaseH func()) (bo
 		}
 	case mc.at == callPromote:
 		mc.queue(ctx, mc.kind.other(newSession(t, mc.healthy), mc.name), false)
+	case mc.at == callCheck:
+		// The check follows the wait's watch, which may come after a read
+		// of the place (a MultiMutex's, whose nested key fills the
+		// enqueue's window): H still holds when it is made.
+		wait(func() bool { return mc.sm.fires() > 0 })
 	case mc.at == callWatch:
 		// The wait's watch is open: give a lagging member time to deliver.
 		wait(func() bool { return mc.sm.fires() > 0 })
