@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -849,7 +850,11 @@ func (mc *matrixCase) noActorKeys(eventual bool, format string, args ...any) {
 func (mc *matrixCase) holder(key string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	entries, err := etcdlock.Inspect(ctx, mc.healthy, mc.name)
+	name := mc.name
+	if mc.kind.name == "MultiMutex" && strings.HasPrefix(key, mc.name+multiNested+"/") {
+		name += multiNested // the queue of its second name (openMulti)
+	}
+	entries, err := etcdlock.Inspect(ctx, mc.healthy, name)
 	if err != nil {
 		return false
 	}

@@ -27,10 +27,13 @@ type multiLock struct {
 	s *etcdlock.Session
 }
 
+// multiNested is what openMulti adds to a name for its second name.
+const multiNested = "/m"
+
 // openMulti opens a MultiMutex of name and of a name nested under it: both
 // keys lie under name's prefix.
 func openMulti(s *etcdlock.Session, name string) famLock {
-	return multiLock{etcdlock.NewMultiMutex(s, name+"/m", name), s}
+	return multiLock{etcdlock.NewMultiMutex(s, name+multiNested, name), s}
 }
 
 func (l multiLock) Lock(ctx context.Context) error { return l.m.LockContext(ctx) }
