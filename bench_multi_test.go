@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/etcdlock/etcdlock"
@@ -17,13 +16,6 @@ import (
 
 // multiNameCounts are the numbers of names a benchmark takes at once.
 var multiNameCounts = []int{2, 4, 8}
-
-// A multiTaker takes and releases a fixed set of names: at once, or one by
-// one.
-type multiTaker interface {
-	Lock(ctx context.Context) error
-	Unlock(ctx context.Context) error
-}
 
 // oneByOne takes Mutexes one after the other, and releases them in reverse.
 type oneByOne []*etcdlock.Mutex
@@ -46,20 +38,20 @@ func (o oneByOne) Unlock(ctx context.Context) error {
 	return nil
 }
 
-type multiTakerOf struct{ m *etcdlock.MultiMutex }
+type multiBench struct{ m *etcdlock.MultiMutex }
 
-func (t multiTakerOf) Lock(ctx context.Context) error   { return t.m.LockContext(ctx) }
-func (t multiTakerOf) Unlock(ctx context.Context) error { return t.m.UnlockContext(ctx) }
+func (l multiBench) Lock(ctx context.Context) error   { return l.m.LockContext(ctx) }
+func (l multiBench) Unlock(ctx context.Context) error { return l.m.UnlockContext(ctx) }
 
 // multiImpls are the two ways to take names, by sub-benchmark name.
 var multiImpls = []struct {
 	name string
-	open func(s *etcdlock.Session, names []string) multiTaker
+	open func(s *etcdlock.Session, names []string) benchLocker
 }{
-	{"multi", func(s *etcdlock.Session, names []string) multiTaker {
-		return multiTakerOf{etcdlock.NewMultiMutex(s, names...)}
+	{"multi", func(s *etcdlock.Session, names []string) benchLocker {
+		return multiBench{etcdlock.NewMultiMutex(s, names...)}
 	}},
-	{"one-by-one", func(s *etcdlock.Session, names []string) multiTaker {
+	{"one-by-one", func(s *etcdlock.Session, names []string) benchLocker {
 		o := make(oneByOne, len(names))
 		for i, name := range slices.Sorted(slices.Values(names)) {
 			o[i] = etcdlock.NewMutex(s, name)
@@ -68,91 +60,40 @@ var multiImpls = []struct {
 	}},
 }
 
-// benchMultiNames returns n lock names of the benchmark's own.
-func benchMultiNames(b *testing.B, n int) []string {
-	names := make([]string, n)
-	for i := range names {
-		names[i] = fmt.Sprintf("%s/%d", benchName(b), i)
+// forEachMulti runs body for each number of names and each way to take
+// them, on one etcd, with n lock names of the sub-benchmark's own.
+func forEachMulti(b *testing.B, body func(b *testing.B, e *benchServer, names []string, open func(*etcdlock.Session, []string) benchLocker)) {
+	e := startBench(b)
+	for _, n := range multiNameCounts {
+		for _, impl := range multiImpls {
+			b.Run(fmt.Sprintf("names=%d/%s", n, impl.name), func(b *testing.B) {
+				names := make([]string, n)
+				for i := range names {
+					names[i] = fmt.Sprintf("%s/%d", benchName(b), i)
+				}
+				body(b, e, names, impl.open)
+			})
+		}
 	}
-	return names
 }
 
 // BenchmarkMultiUncontended: one holder takes names nobody else wants, and
 // releases them. One op is one lock of all names and one unlock.
 func BenchmarkMultiUncontended(b *testing.B) {
-	e := startBench(b)
-	for _, n := range multiNameCounts {
-		for _, impl := range multiImpls {
-			b.Run(fmt.Sprintf("names=%d/%s", n, impl.name), func(b *testing.B) {
-				s, err := etcdlock.NewSession(e.client(b))
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer s.Close()
-				l := impl.open(s, benchMultiNames(b, n))
-				ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
-				defer cancel()
-				m := e.startMeter(b)
-				for b.Loop() {
-					if err := l.Lock(ctx); err != nil {
-						b.Fatalf("Lock: %v", err)
-					}
-					if err := l.Unlock(ctx); err != nil {
-						b.Fatalf("Unlock: %v", err)
-					}
-				}
-				m.report(b, b.N)
-			})
-		}
-	}
+	forEachMulti(b, func(b *testing.B, e *benchServer, names []string, open func(*etcdlock.Session, []string) benchLocker) {
+		benchLockUnlock(b, e, open(benchSession(b, e.client(b)), names))
+	})
 }
 
 // BenchmarkMultiContended: 4 Sessions, each on a client of its own, take
-// turns on the same names. One op is one acquisition of all names.
+// turns on the same names. One op is one acquisition of all names; max-keys
+// is the first name's.
 func BenchmarkMultiContended(b *testing.B) {
-	const sessions = 4
-	e := startBench(b)
-	for _, n := range multiNameCounts {
-		for _, impl := range multiImpls {
-			b.Run(fmt.Sprintf("names=%d/%s", n, impl.name), func(b *testing.B) {
-				names := benchMultiNames(b, n)
-				takers := make([]multiTaker, sessions)
-				for i := range takers {
-					s, err := etcdlock.NewSession(e.client(b))
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer s.Close()
-					takers[i] = impl.open(s, names)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
-				defer cancel()
-				m := e.startMeter(b)
-				ops := make(chan struct{}, b.N)
-				for range b.N {
-					ops <- struct{}{}
-				}
-				close(ops)
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				for _, l := range takers {
-					wg.Go(func() {
-						for range ops {
-							if err := l.Lock(ctx); err != nil {
-								b.Errorf("Lock: %v", err)
-								return
-							}
-							if err := l.Unlock(ctx); err != nil {
-								b.Errorf("Unlock: %v", err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				b.StopTimer()
-				m.report(b, b.N)
-			})
+	forEachMulti(b, func(b *testing.B, e *benchServer, names []string, open func(*etcdlock.Session, []string) benchLocker) {
+		lockers := make([]benchLocker, 4)
+		for i := range lockers {
+			lockers[i] = open(benchSession(b, e.client(b)), names)
 		}
-	}
+		benchContend(b, e, names[0], lockers, benchOneLock)
+	})
 }

@@ -98,33 +98,6 @@ func (m *MultiMutex) session() *Session {
 	return m.s
 }
 
-// Lock takes every lock, blocking until all are held. It retries what can
-// be retried (etcd unreachable, a malformed reply) for as long as the
-// Session lives. It panics only where the locks can never be taken: an
-// expired or closed Session, bad input, or a goroutine that holds one of
-// the names another way. Use LockContext to get those as errors, or to
-// bound the wait.
-func (m *MultiMutex) Lock() { lockBlocking("Lock", m.label(), m.session(), m.LockContext) }
-
-// Unlock ends one hold of the calling goroutine. Like sync.Mutex.Unlock, it
-// panics if the goroutine holds nothing; use UnlockContext to get
-// ErrNotHeld instead. Other failures are not reported: the hold ends all
-// the same, and the keys are deleted in the background or expire with the
-// lease.
-func (m *MultiMutex) Unlock() { unlockOrPanic("Unlock", m.label(), m.UnlockContext) }
-
-// TryLock takes every lock if it can without waiting for another holder, and
-// reports whether it did. It returns false at once when another goroutine or
-// process holds (or waits for) any of the names, and writes nothing to etcd
-// then. It also returns false when it cannot succeed for any other reason
-// (etcd unreachable for 2 s, bad input, closed Session); it never panics.
-func (m *MultiMutex) TryLock() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
-	defer cancel()
-	ok, _ := m.acquire(ctx, tryOnly)
-	return ok
-}
-
 // LockContext takes every lock, waiting until all are held or ctx ends. On
 // success it returns nil. On failure it returns ctx.Err() if ctx ended,
 // ErrSessionExpired if the Session ended, ErrWouldDeadlock if the calling
@@ -146,6 +119,28 @@ func (m *MultiMutex) LockContext(ctx context.Context) error {
 func (m *MultiMutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {
 	return m.acquire(ctx, max(wait, tryOnly))
 }
+
+// TryLock takes every lock if it can without waiting for another holder, and
+// reports whether it did. It returns false at once when another goroutine or
+// process holds (or waits for) any of the names, and writes nothing to etcd
+// then. It also returns false when it cannot succeed for any other reason
+// (etcd unreachable for 2 s, bad input, closed Session); it never panics.
+func (m *MultiMutex) TryLock() bool { return tryOnce(m.acquire) }
+
+// Lock takes every lock, blocking until all are held. It retries what can
+// be retried (etcd unreachable, a malformed reply) for as long as the
+// Session lives. It panics only where the locks can never be taken: an
+// expired or closed Session, bad input, or a goroutine that holds one of
+// the names another way. Use LockContext to get those as errors, or to
+// bound the wait.
+func (m *MultiMutex) Lock() { lockBlocking("Lock", m.label(), m.session(), m.LockContext) }
+
+// Unlock ends one hold of the calling goroutine. Like sync.Mutex.Unlock, it
+// panics if the goroutine holds nothing; use UnlockContext to get
+// ErrNotHeld instead. Other failures are not reported: the hold ends all
+// the same, and the keys are deleted in the background or expire with the
+// lease.
+func (m *MultiMutex) Unlock() { unlockOrPanic("Unlock", m.label(), m.UnlockContext) }
 
 // acquire takes one hold for the calling goroutine, waiting as wait says:
 // waitForever, tryOnly, or at most that long. It returns (false, nil) when

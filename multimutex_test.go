@@ -3,7 +3,12 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,14 +17,6 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 )
-
-// multiLocker is a MultiMutex as a locker.
-type multiLocker struct{ m *etcdlock.MultiMutex }
-
-func (l multiLocker) Lock(ctx context.Context) error            { return l.m.LockContext(ctx) }
-func (l multiLocker) TryLock(ctx context.Context) (bool, error) { return l.m.TryLockFor(ctx, 0) }
-func (l multiLocker) Unlock(ctx context.Context) error          { return l.m.UnlockContext(ctx) }
-func (l multiLocker) Key() string                               { return "" }
 
 // multiLock is a MultiMutex as a lock of the family.
 type multiLock struct {
@@ -57,6 +54,24 @@ func (l funcLocker) TryLock(ctx context.Context) (bool, error) { return false, e
 func (l funcLocker) Unlock(ctx context.Context) error          { return l.unlock(ctx) }
 func (l funcLocker) Key() string                               { return "" }
 
+// multiSetup starts an etcd, and returns a client of it, a Session on it,
+// the test's context and n lock names of the test's own.
+func multiSetup(t *testing.T, n int) (*clientv3.Client, *etcdlock.Session, context.Context, []string) {
+	_, client := startServer(t)
+	return client, newSession(t, client), testContext(t), multiNames(t, n)
+}
+
+// lockedMulti returns a MultiMutex of names on s, held by the calling
+// goroutine.
+func lockedMulti(t *testing.T, s *etcdlock.Session, names ...string) *etcdlock.MultiMutex {
+	t.Helper()
+	m := etcdlock.NewMultiMutex(s, names...)
+	if err := m.LockContext(testContext(t)); err != nil {
+		t.Fatalf("LockContext: got %v, want nil", err)
+	}
+	return m
+}
+
 // multiNames returns n lock names of the test's own.
 func multiNames(t *testing.T, n int) []string {
 	names := make([]string, n)
@@ -87,6 +102,16 @@ func noKeys(t *testing.T, client *clientv3.Client, names []string, lease clientv
 	}
 }
 
+// unlockLeavesNothing ends the calling goroutine's last hold of m, and
+// checks in etcd that no key of names is left.
+func unlockLeavesNothing(t *testing.T, client *clientv3.Client, m *etcdlock.MultiMutex, names []string) {
+	t.Helper()
+	if err := m.UnlockContext(testContext(t)); err != nil {
+		t.Fatalf("the last UnlockContext: got %v, want nil", err)
+	}
+	noKeys(t, client, names, clientv3.NoLease, "after the last UnlockContext")
+}
+
 // createRevisions returns the create revision of each key, judged in etcd
 // (0 for a key that is not there).
 func createRevisions(t *testing.T, client *clientv3.Client, keys ...string) []int64 {
@@ -105,10 +130,7 @@ func createRevisions(t *testing.T, client *clientv3.Client, keys ...string) []in
 }
 
 func TestMultiLockUnlock(t *testing.T) {
-	_, client := startServer(t)
-	s := newSession(t, client)
-	ctx := testContext(t)
-	names := multiNames(t, 3)
+	client, s, ctx, names := multiSetup(t, 3)
 	m := etcdlock.NewMultiMutex(s, names[2], names[0], names[1], names[0])
 	if got := m.Names(); !slices.Equal(got, names) {
 		t.Fatalf("Names: got %q, want %q", got, names)
@@ -157,19 +179,16 @@ func TestMultiLockUnlock(t *testing.T) {
 	}
 	// Again, with the sync.Locker methods.
 	m.Lock()
+	if m.Token() <= 0 {
+		t.Errorf("Token after Lock: got %d, want > 0", m.Token())
+	}
 	m.Unlock()
 	noKeys(t, client, names, clientv3.NoLease, "after Unlock")
 }
 
 func TestMultiReentrant(t *testing.T) {
-	_, client := startServer(t)
-	s := newSession(t, client)
-	ctx := testContext(t)
-	names := multiNames(t, 2)
-	m := etcdlock.NewMultiMutex(s, names...)
-	if err := m.LockContext(ctx); err != nil {
-		t.Fatalf("LockContext: %v", err)
-	}
+	client, s, ctx, names := multiSetup(t, 2)
+	m := lockedMulti(t, s, names...)
 	token := m.Token()
 	// The same names, another handle, another order: the same lock.
 	other := etcdlock.NewMultiMutex(s, names[1], names[0])
@@ -190,10 +209,7 @@ func TestMultiReentrant(t *testing.T) {
 	if got := multiKeys(t, client, names, s.Lease()); len(got[0]) != 1 || len(got[1]) != 1 {
 		t.Errorf("keys with one hold left: got %q, want one per name", got)
 	}
-	if err := m.UnlockContext(ctx); err != nil {
-		t.Fatalf("last UnlockContext: %v", err)
-	}
-	noKeys(t, client, names, clientv3.NoLease, "after the last unlock")
+	unlockLeavesNothing(t, client, m, names)
 }
 
 // TestMultiExcludes: a Mutex, a concurrency.Mutex and a MultiMutex of
@@ -230,7 +246,7 @@ func TestMultiExcludes(t *testing.T) {
 			t.Fatalf("%s holds: TryLockFor got %v, %v; want false, nil", what, ok, err)
 		}
 		noKeys(t, client, names, s.Lease(), what+" holds, after TryLockFor")
-		w := lockInGoroutine(t, ctx, multiLocker{m})
+		w := lockInGoroutine(t, ctx, funcLocker{m.LockContext, m.UnlockContext})
 		if !blocked(w.locked, 300*time.Millisecond) {
 			t.Fatalf("%s holds: LockContext returned, want it to wait", what)
 		}
@@ -262,10 +278,7 @@ func TestMultiExcludes(t *testing.T) {
 // names, exclude each other; a goroutine waiting for its local turn writes
 // nothing.
 func TestMultiSameSession(t *testing.T) {
-	_, client := startServer(t)
-	s := newSession(t, client)
-	ctx := testContext(t)
-	names := multiNames(t, 3)
+	client, s, ctx, names := multiSetup(t, 3)
 	first := etcdlock.NewMultiMutex(s, names[0], names[1])
 	second := etcdlock.NewMultiMutex(s, names[1], names[2])
 	if err := first.LockContext(ctx); err != nil {
@@ -274,7 +287,7 @@ func TestMultiSameSession(t *testing.T) {
 	if second.TryLock() {
 		t.Fatal("TryLock of an overlapping MultiMutex by another goroutine: got true, want false")
 	}
-	w := lockInGoroutine(t, ctx, multiLocker{second})
+	w := lockInGoroutine(t, ctx, funcLocker{second.LockContext, second.UnlockContext})
 	if !blocked(w.locked, 300*time.Millisecond) {
 		t.Fatal("overlapping MultiMutex: LockContext returned, want it to wait")
 	}
@@ -301,10 +314,7 @@ func TestMultiSameSession(t *testing.T) {
 }
 
 func TestMultiWouldDeadlock(t *testing.T) {
-	_, client := startServer(t)
-	s := newSession(t, client)
-	ctx := testContext(t)
-	names := multiNames(t, 2)
+	client, s, ctx, names := multiSetup(t, 2)
 	m := etcdlock.NewMultiMutex(s, names...)
 	mu := etcdlock.NewMutex(s, names[1])
 
@@ -341,10 +351,7 @@ func TestMultiWouldDeadlock(t *testing.T) {
 	if err := etcdlock.NewMultiMutex(s, names[0], "x"+names[0]).LockContext(ctx); !errors.Is(err, etcdlock.ErrWouldDeadlock) {
 		t.Errorf("another MultiMutex sharing a name: got %v, want ErrWouldDeadlock", err)
 	}
-	if err := m.UnlockContext(ctx); err != nil {
-		t.Fatalf("MultiMutex.UnlockContext: %v", err)
-	}
-	noKeys(t, client, names, clientv3.NoLease, "at the end")
+	unlockLeavesNothing(t, client, m, names)
 }
 
 func TestMultiBadInput(t *testing.T) {
@@ -421,14 +428,8 @@ func TestMultiCancelLeavesNothing(t *testing.T) {
 // deleted by hand, and the release deletes the others, saying the hold was
 // lost.
 func TestMultiDoneOnDeletedKey(t *testing.T) {
-	_, client := startServer(t)
-	s := newSession(t, client)
-	ctx := testContext(t)
-	names := multiNames(t, 3)
-	m := etcdlock.NewMultiMutex(s, names...)
-	if err := m.LockContext(ctx); err != nil {
-		t.Fatalf("LockContext: %v", err)
-	}
+	client, s, ctx, names := multiSetup(t, 3)
+	m := lockedMulti(t, s, names...)
 	done := m.Done()
 	if _, ok := closedWithin(done, 300*time.Millisecond); ok {
 		t.Fatal("Done closed while every key is there")
@@ -480,5 +481,257 @@ func TestMultiWaiterRequeued(t *testing.T) {
 	}
 	if revs[0] != revs[1] || revs[0] <= before {
 		t.Errorf("create revisions: got %v, want one revision after %d", revs, before)
+	}
+}
+
+// The deadlock test of issue 23: Sessions that each take random subsets of
+// the same names at once never wait in a cycle, where the same workload
+// taken lock by lock does.
+
+// multiRun is what a run of the workload saw.
+type multiRun struct {
+	holds, timeouts atomic.Int64
+}
+
+// multiWorkload runs workers Sessions (each on a client of its own) that
+// each, until the run's time is up, take a random subset of 2 to 3 of
+// names, hold it a little, and release it: at once with a MultiMutex, or
+// lock by lock with Mutexes in a random order (lockByLock). Each
+// acquisition may take at most wait. At each hold it judges in etcd that
+// each name's oldest key is the holder's, at the hold's token, in one read;
+// and in memory that no two holders of a name overlap.
+func multiWorkload(t *testing.T, client *clientv3.Client, names []string, workers int, d, wait time.Duration, lockByLock bool, seed uint64) *multiRun {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d+wait+testTimeout)
+	defer cancel()
+	var run multiRun
+	holders := make([]atomic.Int32, len(names))
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for w := range workers {
+		s := newSession(t, startClient(t, client))
+		rng := rand.New(rand.NewPCG(seed, uint64(w)))
+		wg.Go(func() {
+			for time.Now().Before(end) && !t.Failed() {
+				idx := rng.Perm(len(names))[:2+rng.IntN(2)]
+				picked := make([]string, len(idx))
+				for i, j := range idx {
+					picked[i] = names[j]
+				}
+				actx, cancel := context.WithTimeout(ctx, wait)
+				unlock, token, err := multiTake(actx, s, picked, lockByLock)
+				cancel()
+				switch {
+				case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+					run.timeouts.Add(1)
+					if !lockByLock {
+						t.Errorf("worker %d: taking %q: no hold after %v", w, picked, wait)
+					}
+					continue
+				case err != nil:
+					t.Errorf("worker %d: taking %q: %v", w, picked, err)
+					return
+				}
+				for _, j := range idx {
+					if n := holders[j].Add(1); n != 1 {
+						t.Errorf("%q: %d holders at once", names[j], n)
+					}
+				}
+				if !lockByLock {
+					if err := firstInEvery(ctx, s, picked, token); err != nil {
+						t.Errorf("worker %d: %v", w, err)
+					}
+				}
+				run.holds.Add(1)
+				time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+				for _, j := range idx {
+					holders[j].Add(-1)
+				}
+				if err := unlock(ctx); err != nil {
+					t.Errorf("worker %d: releasing %q: %v", w, picked, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return &run
+}
+
+// multiTake takes the names on s, at once or lock by lock (releasing what
+// it took when it fails), and returns the release and the token (at once:
+// the shared token).
+func multiTake(ctx context.Context, s *etcdlock.Session, names []string, lockByLock bool) (func(context.Context) error, int64, error) {
+	if !lockByLock {
+		m := etcdlock.NewMultiMutex(s, names...)
+		if err := m.LockContext(ctx); err != nil {
+			return nil, 0, err
+		}
+		return m.UnlockContext, m.Token(), nil
+	}
+	var taken []*etcdlock.Mutex
+	unlock := func(ctx context.Context) error {
+		var errs []error
+		for _, m := range slices.Backward(taken) {
+			errs = append(errs, m.UnlockContext(ctx))
+		}
+		return errors.Join(errs...)
+	}
+	for _, name := range names {
+		m := etcdlock.NewMutex(s, name)
+		if err := m.LockContext(ctx); err != nil {
+			_ = unlock(context.WithoutCancel(ctx))
+			return nil, 0, err
+		}
+		taken = append(taken, m)
+	}
+	return unlock, 0, nil
+}
+
+// firstInEvery judges in etcd, in one read, that the key of s for each
+// name is the oldest of its queue, created at token.
+func firstInEvery(ctx context.Context, s *etcdlock.Session, names []string, token int64) error {
+	var ops []clientv3.Op
+	for _, name := range names {
+		ops = append(ops, clientv3.OpGet(name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+	}
+	resp, err := s.Client().Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return fmt.Errorf("read the queues: %w", err)
+	}
+	for i, name := range names {
+		kvs := resp.Responses[i].GetResponseRange().Kvs
+		if want := keyOf(name, s.Lease()); len(kvs) != 1 || string(kvs[0].Key) != want || kvs[0].CreateRevision != token {
+			return fmt.Errorf("holder of %q at revision %d: got %v, want %s at %d", name, resp.Header.Revision, kvs, want, token)
+		}
+	}
+	return nil
+}
+
+// multiRunFor is how long the deadlock test's workload runs: 30 s, or a few
+// seconds under -short; ETCDLOCK_MULTI_LONG sets it (1: 10 minutes, or a
+// duration).
+func multiRunFor(t *testing.T) time.Duration {
+	if os.Getenv("ETCDLOCK_MULTI_LONG") == "" && testing.Short() {
+		return 3 * time.Second
+	}
+	return faultsFor(t, "ETCDLOCK_MULTI_LONG", 30*time.Second)
+}
+
+// TestMultiNoDeadlock: Sessions that take random subsets of the same names
+// at once all get every hold, with one holder per name at a time.
+func TestMultiNoDeadlock(t *testing.T) {
+	_, client := startServer(t)
+	names := multiNames(t, 5)
+	d := multiRunFor(t)
+	run := multiWorkload(t, client, names, 4, d, 20*time.Second, false, 23)
+	t.Logf("MultiMutex: %d holds in %v by 4 Sessions over %d names, %d acquisitions past 20 s", run.holds.Load(), d, len(names), run.timeouts.Load())
+	if run.holds.Load() == 0 {
+		t.Fatal("no hold at all")
+	}
+	for _, name := range names {
+		if keys := lockKeys(t, client, name); len(keys) != 0 {
+			t.Errorf("keys of %q after the run: got %q, want none", name, keys)
+		}
+	}
+}
+
+// TestMultiLockByLockDeadlocks: the same names taken lock by lock in two
+// orders wait in a cycle until a timeout breaks it, judged in etcd; taken
+// at once, in the same orders, they never do.
+func TestMultiLockByLockDeadlocks(t *testing.T) {
+	_, client := startServer(t)
+	ctx := testContext(t)
+	names := multiNames(t, 2)
+	orders := [][]string{{names[0], names[1]}, {names[1], names[0]}}
+	sessions := []*etcdlock.Session{newSession(t, startClient(t, client)), newSession(t, startClient(t, client))}
+
+	// Lock by lock, with a barrier between the first lock and the second:
+	// each holds the lock the other waits for.
+	const wait = 3 * time.Second
+	var barrier sync.WaitGroup
+	barrier.Add(2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			first := etcdlock.NewMutex(sessions[i], orders[i][0])
+			if err := first.LockContext(ctx); err != nil {
+				errs[i] = err
+				barrier.Done()
+				return
+			}
+			defer func() { _ = first.UnlockContext(ctx) }()
+			barrier.Done()
+			barrier.Wait()
+			wctx, cancel := context.WithTimeout(ctx, wait)
+			defer cancel()
+			second := etcdlock.NewMutex(sessions[i], orders[i][1])
+			if errs[i] = second.LockContext(wctx); errs[i] == nil {
+				_ = second.UnlockContext(ctx)
+			}
+		})
+	}
+	// The cycle, in etcd: in each queue, one Session holds and the other
+	// waits, crosswise.
+	eventually(t, "both waiting", func() bool {
+		for _, name := range names {
+			if len(lockKeys(t, client, name)) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	for i, name := range names {
+		q, err := etcdlock.Inspect(ctx, client, name)
+		if err != nil || len(q) != 2 || q[0].Lease != sessions[i].Lease() || q[1].Lease != sessions[1-i].Lease() {
+			t.Fatalf("queue of %q: got %+v, %v; want Session %d holding and %d waiting", name, q, err, i, 1-i)
+		}
+	}
+	wg.Wait()
+	timedOut := 0
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			timedOut++
+		case err != nil:
+			t.Fatalf("lock by lock, Session %d: %v", i, err)
+		}
+	}
+	if timedOut == 0 {
+		t.Fatal("lock by lock, in two orders: both got both locks, want a wait in a cycle until a timeout")
+	}
+	t.Logf("lock by lock: %d of 2 timed out after %v in a cycle", timedOut, wait)
+
+	// At once, in the same two orders, started together many times: every
+	// acquisition holds.
+	for round := range 20 {
+		var start sync.WaitGroup
+		start.Add(1)
+		for i := range 2 {
+			wg.Go(func() {
+				start.Wait()
+				m := etcdlock.NewMultiMutex(sessions[i], orders[i]...)
+				wctx, cancel := context.WithTimeout(ctx, wait)
+				defer cancel()
+				if err := m.LockContext(wctx); err != nil {
+					t.Errorf("round %d, Session %d: LockContext: %v", round, i, err)
+					return
+				}
+				if err := m.UnlockContext(ctx); err != nil {
+					t.Errorf("round %d, Session %d: UnlockContext: %v", round, i, err)
+				}
+			})
+		}
+		start.Done()
+		wg.Wait()
+	}
+
+	// The random workload, lock by lock, for comparison: timeouts counted,
+	// not asserted (a cycle needs an unlucky interleaving).
+	if !testing.Short() {
+		run := multiWorkload(t, client, multiNames(t, 5), 4, 3*time.Second, time.Second, true, 23)
+		t.Logf("lock by lock, random orders: %d holds, %d acquisitions timed out after 1 s", run.holds.Load(), run.timeouts.Load())
 	}
 }

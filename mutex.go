@@ -90,12 +90,7 @@ func (m *Mutex) Unlock() { unlockOrPanic("Unlock", m.Name(), m.UnlockContext) }
 // process holds the lock, and writes nothing to etcd then. It also returns
 // false when it cannot succeed for any other reason (etcd unreachable for
 // 2 s, invalid name, closed Session); it never panics.
-func (m *Mutex) TryLock() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
-	defer cancel()
-	ok, _ := m.acquire(ctx, tryOnly)
-	return ok
-}
+func (m *Mutex) TryLock() bool { return tryOnce(m.acquire) }
 
 // LockContext takes the lock, waiting until it is held or ctx ends. On
 // success it returns nil. On failure it returns ctx.Err() if ctx ended,
@@ -138,16 +133,7 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	}
 	// Our process's turn first: one key per process, taken by one
 	// goroutine at a time.
-	turn := func(ctx context.Context) (*hold, bool, error) {
-		switch how {
-		case turnBusy:
-			return nil, true, errBusy
-		case queued:
-			h, err := st.awaitTurn(ctx, w)
-			return h, true, err
-		}
-		return nil, false, nil
-	}
+	turn := func(ctx context.Context) (*hold, bool, error) { return st.await(ctx, how, w) }
 	_, err := m.s.acquire(ctx, claim{t: m.ticket(), wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
 	if errors.Is(err, errBusy) {
 		return false, nil

@@ -176,6 +176,20 @@ func (st *lockState) takeTurn(try, group bool) (entry, *waiter) {
 	return queued, w
 }
 
+// await ends an entry that takes the turn: errBusy for a try that found it
+// taken, the wait of a queued goroutine (and the hold, if one came with the
+// turn), else nothing; waited says whether it waited.
+func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, waited bool, err error) {
+	switch how {
+	case turnBusy:
+		return nil, true, errBusy
+	case queued:
+		h, err := st.awaitTurn(ctx, w)
+		return h, true, err
+	}
+	return nil, false, nil
+}
+
 // awaitTurn waits until w has the turn: the right to use etcd for this lock.
 // If the hold itself came with it (WithLocalHandoff), it returns that hold,
 // which counts as taken even if ctx ended at the same moment. It returns
@@ -386,14 +400,8 @@ func groupTurn(ctx context.Context, s *Session, name string, try bool) (*lockSta
 		}
 		how, w := st.takeTurn(try, true)
 		st.mu.Unlock()
-		switch how {
-		case turnBusy:
-			return nil, true, errBusy
-		case queued:
-			_, err := st.awaitTurn(ctx, w)
-			return st, true, err
-		}
-		return st, false, nil
+		_, waited, err := st.await(ctx, how, w)
+		return st, waited, err
 	}
 }
 

@@ -556,8 +556,12 @@ wait:
 	}
 	if lostAt.IsZero() {
 		// Lost as COMMAND exited: its work may not have been exclusive.
-		if slices.ContainsFunc(dones, closed) {
-			lostAt = time.Now()
+		for _, ch := range dones {
+			select {
+			case <-ch:
+				lostAt = time.Now()
+			default:
+			}
 		}
 	} else {
 		r.stopGroup(pid, lostAt.Add(r.grace))
@@ -600,16 +604,6 @@ func anyClosed(chs []<-chan struct{}) (<-chan struct{}, func()) {
 	return out, func() {
 		close(stop)
 		wg.Wait()
-	}
-}
-
-// closed reports whether ch is closed.
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
 	}
 }
 

@@ -14,10 +14,15 @@ import (
 // new place (a semaphore's waiters watch their predecessor for this): it
 // puts our key again, fenced on its create revision.
 func (t *Ticket) promote(ctx context.Context) error {
-	resp, err := t.c.KV.Txn(ctx).
+	return guarded(t.c.KV.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
 		Then(t.put()).
-		Commit()
+		Commit())
+}
+
+// guarded returns the error of a Txn guarded by our keys being there:
+// ErrKeyGone where they were not.
+func guarded(resp *clientv3.TxnResponse, err error) error {
 	switch {
 	case err != nil:
 		return err

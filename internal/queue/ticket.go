@@ -252,16 +252,7 @@ func (t *Ticket) enter(ctx context.Context, wait time.Duration) error {
 // that every key is still there: one may have gone while we waited for
 // another queue.
 func (t *Ticket) present(ctx context.Context) error {
-	resp, err := t.c.KV.Txn(ctx).If(t.Ours()...).Commit()
-	switch {
-	case err != nil:
-		return err
-	case resp == nil:
-		return ErrMalformed
-	case !resp.Succeeded:
-		return ErrKeyGone
-	}
-	return nil
+	return guarded(t.c.KV.Txn(ctx).If(t.Ours()...).Commit())
 }
 
 // Ours returns the compares that each of our keys is in etcd, put at rev:
