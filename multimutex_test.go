@@ -735,3 +735,47 @@ func TestMultiLockByLockDeadlocks(t *testing.T) {
 		t.Logf("lock by lock, random orders: %d holds, %d acquisitions timed out after 1 s", run.holds.Load(), run.timeouts.Load())
 	}
 }
+
+// TestMultiObserved: an observer gets one event of each kind per
+// acquisition, hold and release, of primitive KindMulti, with the names and
+// the shared token.
+func TestMultiObserved(t *testing.T) {
+	_, client := startServer(t)
+	var mu sync.Mutex
+	var events []etcdlock.Event
+	s := newSession(t, client, etcdlock.WithObserver(etcdlock.ObserverFunc(func(e etcdlock.Event) {
+		if e.Primitive == etcdlock.KindMulti {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}
+	})))
+	names := multiNames(t, 2)
+	m := lockedMulti(t, s, names[1], names[0])
+	token := m.Token()
+	unlockLeavesNothing(t, client, m, names)
+	want := []etcdlock.EventKind{etcdlock.AcquireStarted, etcdlock.AcquireEnded, etcdlock.HoldEnded, etcdlock.Released}
+	var got []etcdlock.EventKind
+	eventually(t, "the events", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		got = got[:0]
+		for _, e := range events {
+			got = append(got, e.Kind)
+		}
+		return len(events) >= len(want)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got, want) {
+		t.Fatalf("events: got %v, want %v", got, want)
+	}
+	for _, e := range events {
+		if e.Lock != names[0]+","+names[1] {
+			t.Errorf("%s: Lock %q, want %q", e.Kind, e.Lock, names[0]+","+names[1])
+		}
+		if e.Kind != etcdlock.AcquireStarted && (e.Token != token || e.Key != keyOf(names[0], s.Lease())) {
+			t.Errorf("%s: Key %q, Token %d; want %q, %d", e.Kind, e.Key, e.Token, keyOf(names[0], s.Lease()), token)
+		}
+	}
+}
