@@ -241,18 +241,50 @@ func (t *Ticket) enter(ctx context.Context, wait time.Duration) error {
 				return err
 			}
 		}
-	}
-	if len(t.group) > 1 {
-		return t.present(ctx)
+		if len(t.group) > 1 {
+			if err := t.reread(ctx, ps, i+1); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
 
-// present checks, once each of a group's queues has said it holds our key,
-// that every key is still there: one may have gone while we waited for
-// another queue.
-func (t *Ticket) present(ctx context.Context) error {
-	return guarded(t.c.KV.Txn(ctx).If(t.Ours()...).Commit())
+// reread reads again the places of a group's queues from the one at from on
+// that did not say held, in one Txn guarded by every key of ours still being
+// there (one may have gone while we waited for another queue): ErrKeyGone if
+// one has. The holders that those queues waited for have often gone
+// meanwhile: a holder of several of our names releases them at once.
+func (t *Ticket) reread(ctx context.Context, ps []place, from int) error {
+	var todo []int
+	var ops []clientv3.Op
+	for j := from; j < len(t.group); j++ {
+		if ps[j].verdict != held {
+			todo = append(todo, j)
+			ops = append(ops, t.group[j].rule.older(t.rev, false)...)
+		}
+	}
+	resp, err := t.c.KV.Txn(ctx).If(t.Ours()...).Then(ops...).Commit()
+	if err := guarded(resp, err); err != nil {
+		return err
+	}
+	if resp.Header == nil || len(resp.Responses) != len(ops) {
+		return ErrMalformed
+	}
+	replies := resp.Responses
+	for _, j := range todo {
+		m := t.group[j]
+		n := len(m.rule.older(t.rev, false))
+		p, err := m.rule.placeOlder(replies[:n], t.rev, resp.Header.Revision, false)
+		if err == nil && p.verdict == unread {
+			p, err = m.read(ctx)
+		}
+		if err != nil {
+			return err
+		}
+		ps[j], replies = p, replies[n:]
+	}
+	return nil
 }
 
 // Ours returns the compares that each of our keys is in etcd, put at rev:
