@@ -306,7 +306,12 @@ func BenchmarkUncontended(b *testing.B) {
 }
 
 func benchUncontended(b *testing.B, e *benchServer, impl benchImpl) {
-	l := impl.newSession(b, e.client(b))(benchName(b))
+	benchLockUnlock(b, e, impl.newSession(b, e.client(b))(benchName(b)))
+}
+
+// benchLockUnlock measures one holder that locks and unlocks l, which nobody
+// else wants: one op is a Lock and an Unlock.
+func benchLockUnlock(b *testing.B, e *benchServer, l benchLocker) {
 	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
 	defer cancel()
 	m := e.startMeter(b)

@@ -185,47 +185,51 @@ func (h *hold) lossReason(why LossReason) LossReason {
 	}
 }
 
-// watchLoss watches our key from revision from. It returns 0 and why when
-// the hold is lost, keep-alives went silent or ctx ended, and the revision
-// to watch from again when the watch can no longer tell (its history was
-// compacted, or it failed) but a read finds our key still there.
+// watchLoss watches our keys (one, or a group's) from revision from. It
+// returns 0 and why when the hold is lost, keep-alives went silent or ctx
+// ended, and the revision to watch from again when a watch can no longer
+// tell (its history was compacted, or it failed) but a read finds our keys
+// still there.
 //
-// A watch event can be lost (etcd #17529, #18089, #19179, #20221), so our key
-// is also read once per TTL: a lost delete costs at most one TTL. Events at
-// or before our key's creation are an earlier key of the same name, from a
+// A watch event can be lost (etcd #17529, #18089, #19179, #20221), so our keys
+// are also read once per TTL: a lost delete costs at most one TTL. Events at
+// or before our keys' creation are an earlier key of the same name, from a
 // watch served by a member that lags (or etcd #20221): they are no loss.
 //
 // The clock of silence runs from the start: opening a watch can block while
 // etcd is unreachable (the client dials a new stream), which is when the
-// clock matters most. So the watch is opened by a goroutine of its own,
-// which watchLoss waits for before it returns.
+// clock matters most. So each key's watch is opened, and its responses
+// passed on, by a goroutine of its own, which watchLoss waits for before it
+// returns.
 func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
-	s, tm, key := h.t.s, h.t.term, h.t.Key()
+	s, tm := h.t.s, h.t.term
 	wctx, cancel := context.WithCancel(ctx)
-	opened := make(chan clientv3.WatchChan, 1)
+	responses := make(chan watched)
 	var wg sync.WaitGroup
-	wg.Go(func() { opened <- s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()) })
+	for _, key := range h.t.Keys() {
+		wg.Go(func() {
+			forward(wctx, s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()), responses)
+		})
+	}
 	defer wg.Wait()
 	defer cancel()
 
-	var wch clientv3.WatchChan
-	broken := false // the watch failed: only the reads tell
+	broken := false // a watch failed: only the reads tell
 	timer := time.NewTimer(tm.untilSilent())
 	defer timer.Stop()
 	reread := time.NewTicker(tm.ttl)
 	defer reread.Stop()
 	for {
 		select {
-		case wch = <-opened:
-		case wr, ok := <-wch:
-			switch {
+		case w := <-responses:
+			switch wr, ok := w.wr, w.ok; {
 			case ok && wr.Err() == nil && len(queue.After(wr.Events, h.token())) > 0:
 				return 0, LossKeyDeleted
 			case ok && wr.Err() == nil:
 			case ctx.Err() != nil:
 				return 0, LossSessionClosed
 			default:
-				// Compacted, or failed: read the key instead, and watch
+				// Compacted, or failed: read the keys instead, and watch
 				// again from that read.
 				rev, there := h.keyThere(ctx)
 				switch {
@@ -236,7 +240,7 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 				}
 				// Unknown: the next read decides, and the silence clock
 				// runs meanwhile.
-				wch, broken = nil, true
+				responses, broken = nil, true
 			}
 		case <-reread.C:
 			rev, there := h.keyThere(ctx)
@@ -258,18 +262,39 @@ func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 	}
 }
 
-// keyThere reads our key: it reports false if etcd says the key of the
-// hold is gone, and otherwise the revision of the read, 0 where the read
-// failed (we cannot tell: the hold is taken as still there).
+// A watched is one response of a watch, or its close (ok false).
+type watched struct {
+	wr clientv3.WatchResponse
+	ok bool
+}
+
+// forward passes wch's responses to out, then its close, until ctx ends.
+func forward(ctx context.Context, wch clientv3.WatchChan, out chan<- watched) {
+	for {
+		wr, ok := <-wch
+		select {
+		case out <- watched{wr, ok}:
+		case <-ctx.Done():
+			return
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// keyThere reads our keys: it reports false if etcd says a key of the hold
+// is gone, and otherwise the revision of the read, 0 where the read failed
+// (we cannot tell: the hold is taken as still there).
 func (h *hold) keyThere(ctx context.Context) (int64, bool) {
 	s := h.t.s
 	rctx, cancel := context.WithTimeout(ctx, h.t.term.ttl/3)
 	defer cancel()
-	resp, err := s.client.Get(rctx, h.t.Key(), clientv3.WithKeysOnly())
+	resp, err := s.client.Txn(rctx).If(h.t.Ours()...).Commit()
 	switch {
 	case err != nil || resp == nil || resp.Header == nil:
 		return 0, true
-	case len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != h.token():
+	case !resp.Succeeded:
 		return resp.Header.Revision, false
 	}
 	return resp.Header.Revision, true

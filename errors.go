@@ -41,8 +41,12 @@ var (
 
 	// ErrWouldDeadlock is returned by RWMutex.LockContext and TryLockFor to
 	// a goroutine that holds a read lock of the same RWMutex: the write lock
-	// would wait for that read lock forever. Nothing is changed.
-	ErrWouldDeadlock = errors.New("etcdlock: write lock asked by a goroutine that holds a read lock")
+	// would wait for that read lock forever. It is returned by the context
+	// methods of a MultiMutex to a goroutine that holds one of its names
+	// another way (a Mutex, a Do scope, another MultiMutex), and by a
+	// Mutex's to a goroutine that holds its name through a MultiMutex: it
+	// would hold one lock while it waits for another. Nothing is changed.
+	ErrWouldDeadlock = errors.New("etcdlock: lock asked by a goroutine that holds what it would wait for")
 
 	// ErrNoPermit is returned by Semaphore.TryAcquire when no permit came
 	// free within the wait. No key is left behind.

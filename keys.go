@@ -18,6 +18,9 @@ const (
 	KindRead      Kind = "read"      // an RWMutex reader's
 	KindWrite     Kind = "write"     // an RWMutex writer's
 	KindSemaphore Kind = "semaphore" // a Semaphore permit's
+	// KindMulti: a MultiMutex's acquisition, in events. Its keys are its
+	// names' Mutex keys: Inspect lists them as KindMutex.
+	KindMulti Kind = "multi"
 )
 
 // semaphoreValue is the value of a permit's key: the limit on the first

@@ -65,6 +65,9 @@ var kinds = map[string]kind{
 	"rwmutex-r":   {limit: 0, shared: true, make: holding(openReader)},
 	"semaphore-2": {limit: 2, shared: true, make: holding(openSemaphore(2))},
 	"lead":        {limit: 1, ownSession: true, make: leading},
+	// A MultiMutex of the name and of a name nested under it (openMulti):
+	// its holds are judged in the name's queue.
+	"multi": {limit: 1, make: holding(openMulti)},
 }
 
 // leading makes a kind's primitive of Lead: each hold is one term of a Lead

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // The sync.Locker side of Mutex and RWMutex: methods without a context or an
@@ -27,6 +28,15 @@ func lockBlocking(method, name string, s *Session, lock func(context.Context) er
 		// The Session's end makes the next call fail at once, and panic.
 		_ = backoff.wait(s.life)
 	}
+}
+
+// tryOnce tries acquire once, bounded by tryLockTimeout, for a TryLock
+// method, which has no context of its own: false on any failure.
+func tryOnce(acquire func(ctx context.Context, wait time.Duration) (bool, error)) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
+	defer cancel()
+	ok, _ := acquire(ctx, tryOnly)
+	return ok
 }
 
 // unlockOrPanic calls unlock, and panics, naming the context method, where

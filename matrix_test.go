@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -61,6 +62,10 @@ var matrix = []matrixKind{
 	{"RWMutex write", famActor(openWriter), openWriter, openWriter, lockCalls(true, callCheck), false},
 	{"RWMutex read", famActor(openReader), openWriter, openWriter, lockCalls(true, callCheck), false},
 	{"Semaphore", famActor(openSemaphore(2)), blockSemaphore(2), openSemaphore(2), lockCalls(true, callPromote), false},
+	// Its second name is nested under the first: both keys lie under the
+	// lock's prefix, where the cases look for what is left behind, and the
+	// holders and waiters block it through the first.
+	{"MultiMutex", famActor(openMulti), openMutex, openMutex, lockCalls(true, callCheck), false},
 	{"Do", doActor, openMutex, openMutex, lockCalls(false, callCheck), false},
 	// The renewal's own seams (a grant's reply lost, a revoke during it)
 	// are renew_test.go's; here every call of a Mutex, with the Session
@@ -626,6 +631,11 @@ func (mc *matrixCase) contend(ctx context.Context, a actor, releaseH func()) (bo
 		}
 	case mc.at == callPromote:
 		mc.queue(ctx, mc.kind.other(newSession(t, mc.healthy), mc.name), false)
+	case mc.at == callCheck:
+		// The check follows the wait's watch, which may come after a read
+		// of the place (a MultiMutex's, whose nested key fills the
+		// enqueue's window): H still holds when it is made.
+		wait(func() bool { return mc.sm.fires() > 0 })
 	case mc.at == callWatch:
 		// The wait's watch is open: give a lagging member time to deliver.
 		wait(func() bool { return mc.sm.fires() > 0 })
@@ -852,7 +862,11 @@ func (mc *matrixCase) noActorKeys(eventual bool, format string, args ...any) {
 func (mc *matrixCase) holder(key string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	entries, err := etcdlock.Inspect(ctx, mc.healthy, mc.name)
+	name := mc.name
+	if mc.kind.name == "MultiMutex" && strings.HasPrefix(key, mc.name+multiNested+"/") {
+		name += multiNested // the queue of its second name (openMulti)
+	}
+	entries, err := etcdlock.Inspect(ctx, mc.healthy, name)
 	if err != nil {
 		return false
 	}

@@ -92,12 +92,7 @@ func (m *Mutex) Unlock() { unlockOrPanic("Unlock", m.Name(), m.UnlockContext) }
 // 1 s more to make sure that it left no key: about 3 s in all. For a bound
 // of your own, use TryLockFor(ctx, 0) with a deadline on ctx: it returns by
 // that deadline + 1 s.
-func (m *Mutex) TryLock() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
-	defer cancel()
-	ok, _ := m.acquire(ctx, tryOnly)
-	return ok
-}
+func (m *Mutex) TryLock() bool { return tryOnce(m.acquire) }
 
 // LockContext takes the lock, waiting until it is held or ctx ends. On
 // success it returns nil. On failure it returns ctx.Err() if ctx ended,
@@ -135,21 +130,15 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 		return false, err
 	}
 	st, how, w := m.enter(ctx, wait == tryOnly)
-	if how == reentered {
+	switch how {
+	case reentered:
 		return true, nil
+	case wouldDeadlock:
+		return false, ErrWouldDeadlock
 	}
 	// Our process's turn first: one key per process, taken by one
 	// goroutine at a time.
-	turn := func(ctx context.Context) (*hold, bool, error) {
-		switch how {
-		case turnBusy:
-			return nil, true, errBusy
-		case queued:
-			h, err := st.awaitTurn(ctx, w)
-			return h, true, err
-		}
-		return nil, false, nil
-	}
+	turn := func(ctx context.Context) (*hold, bool, error) { return st.await(ctx, how, w) }
 	_, err = m.s.acquire(ctx, claim{t: m.ticket(tm), wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
 	if errors.Is(err, errBusy) {
 		return false, nil

@@ -87,9 +87,9 @@ type Event struct {
 	Time      time.Time        // when it happened
 	Lease     clientv3.LeaseID // the lease it happened on: the Session's, or WithRenewal the one of the hold or call
 	OldLease  clientv3.LeaseID // LeaseRenewed: the lease lost
-	Lock      string           // the lock's name
-	Primitive Kind             // KindMutex, KindRead, KindWrite or KindSemaphore
-	Key       string           // our key, once known
+	Lock      string           // the lock's name; a MultiMutex's names, sorted, joined by commas
+	Primitive Kind             // KindMutex, KindRead, KindWrite, KindSemaphore or KindMulti
+	Key       string           // our key, once known; a MultiMutex's first (the others: its other names', same lease and token)
 	Token     int64            // the hold's fencing token, once known
 
 	Outcome   Outcome       // AcquireEnded

@@ -42,12 +42,16 @@ type lockState struct {
 	holds    int       // how many holds there are, the scopes' included
 	hold     *hold     // the current hold: its token and loss signal; nil when not held
 	handoffs int       // local hand-offs in a row since the key was put
+	// group is the MultiMutex (its names, joined) whose hold this is; ""
+	// for a Mutex's. A group's holds are counted in each of its records.
+	group string
 }
 
 type waiter struct {
 	ready   chan struct{} // closed when the turn is handed to this waiter
 	granted bool
 	handed  *hold // the hold itself came with the turn (a local hand-off)
+	group   bool  // a MultiMutex waits: the turn, never a Mutex's hold
 }
 
 // A scope is the hold of one Do while its f runs: any goroutine whose
@@ -109,10 +113,11 @@ func (st *lockState) closeScope(sc *scope) {
 type entry int
 
 const (
-	reentered entry = iota // the goroutine held the lock: one more hold
-	gotTurn                // the turn was free: it is the goroutine's now
-	queued                 // the goroutine waits for the turn
-	turnBusy               // a try: the turn is taken
+	reentered     entry = iota // the goroutine held the lock: one more hold
+	gotTurn                    // the turn was free: it is the goroutine's now
+	queued                     // the goroutine waits for the turn
+	turnBusy                   // a try: the turn is taken
+	wouldDeadlock              // the goroutine holds the lock another way (Mutex, MultiMutex)
 )
 
 // mutexState returns the live record of the Mutex name of s, creating it if
@@ -140,6 +145,9 @@ func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool)
 		return 0, nil, false
 	}
 	if st.owner != 0 && st.owner == gid {
+		if st.group != "" {
+			return wouldDeadlock, nil, true
+		}
 		st.holds++
 		return reentered, nil, true
 	}
@@ -148,16 +156,38 @@ func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool)
 		sc.holds++
 		return reentered, nil, true
 	}
+	how, w := st.takeTurn(try, false)
+	return how, w, true
+}
+
+// takeTurn takes the turn if it is free, else a place in the local queue
+// (none for a try); a group's waiter is never handed a Mutex's hold. st.mu
+// must be held.
+func (st *lockState) takeTurn(try, group bool) (entry, *waiter) {
 	switch {
 	case !st.busy:
 		st.busy = true
-		return gotTurn, nil, true
+		return gotTurn, nil
 	case try:
-		return turnBusy, nil, true
+		return turnBusy, nil
 	}
-	w := &waiter{ready: make(chan struct{})}
+	w := &waiter{ready: make(chan struct{}), group: group}
 	st.queue = append(st.queue, w)
-	return queued, w, true
+	return queued, w
+}
+
+// await ends an entry that takes the turn: errBusy for a try that found it
+// taken, the wait of a queued goroutine (and the hold, if one came with the
+// turn), else nothing; waited says whether it waited.
+func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, waited bool, err error) {
+	switch how {
+	case turnBusy:
+		return nil, true, errBusy
+	case queued:
+		h, err := st.awaitTurn(ctx, w)
+		return h, true, err
+	}
+	return nil, false, nil
 }
 
 // awaitTurn waits until w has the turn: the right to use etcd for this lock.
@@ -214,7 +244,7 @@ func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	switch {
-	case st.retired.Load() || st.owner == 0:
+	case st.retired.Load() || st.owner == 0 || st.group != "":
 		return notHolder, nil
 	case st.owner == gid && (len(st.scopes) == 0 || st.ownHolds() > 1):
 		// While a scope is open, the owner's last hold is Do's.
@@ -245,7 +275,7 @@ func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 // waiter, if WithLocalHandoff allows one more in a row. It is called with
 // st.mu held.
 func (st *lockState) handOff(h *hold) bool {
-	if len(st.queue) == 0 || st.handoffs >= st.s.maxHandoffs || h.t.term.Expired() {
+	if len(st.queue) == 0 || st.queue[0].group || st.handoffs >= st.s.maxHandoffs || h.t.term.Expired() {
 		st.handoffs = 0
 		return false
 	}
@@ -285,7 +315,7 @@ func (st *lockState) holdCount() int {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.owner != gid {
+	if st.owner != gid || st.group != "" {
 		return 0
 	}
 	return st.ownHolds()
@@ -297,7 +327,7 @@ func (st *lockState) mine() *hold {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.owner != gid {
+	if st.owner != gid || st.group != "" {
 		return nil
 	}
 	return st.hold
@@ -307,6 +337,110 @@ func (st *lockState) mine() *hold {
 func (st *lockState) current() *hold {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	return st.hold
+}
+
+// A MultiMutex uses the records of its names' Mutexes: it holds each name's
+// turn while it acquires and holds, and records its hold in each, under its
+// group (its names, sorted and joined). Its goroutine takes the turns in the
+// order of the names, so two groups of one Session cannot wait for each
+// other's turns in a cycle; and it waits in etcd only once it has them all,
+// for keys older than its own, which never wait for a turn of this
+// Session. A goroutine that holds one of the names otherwise (a Mutex, or
+// another group) would hold one lock while it waits for another, which no
+// order can save: ErrWouldDeadlock, before any turn is taken.
+
+// groupEntry tells how the calling goroutine, with ctx, stands toward the
+// records of the names of group: reentered (it holds the group: one more
+// hold, in each record), wouldDeadlock (it holds one of the names another
+// way), or gotTurn (it holds none: go take the turns).
+func groupEntry(ctx context.Context, s *Session, names []string, group string) entry {
+	gid := goid.Get()
+	var mine []*lockState
+	for _, name := range names {
+		st := mutexState(s, name, false)
+		if st == nil {
+			continue
+		}
+		st.mu.Lock()
+		switch {
+		case st.owner == gid && st.group == group:
+			mine = append(mine, st)
+		case st.owner == gid || st.scopeOf(ctx) != nil:
+			st.mu.Unlock()
+			return wouldDeadlock
+		}
+		st.mu.Unlock()
+	}
+	switch len(mine) {
+	case 0:
+		return gotTurn
+	case len(names):
+	default:
+		return wouldDeadlock
+	}
+	for _, st := range mine {
+		st.mu.Lock()
+		st.holds++
+		st.mu.Unlock()
+	}
+	return reentered
+}
+
+// groupTurn takes the turn of the Mutex name of s for a group: at once if
+// free, else by waiting for it in the local queue (a try: errBusy). It
+// returns the record, and whether it waited.
+func groupTurn(ctx context.Context, s *Session, name string, try bool) (*lockState, bool, error) {
+	for {
+		st := mutexState(s, name, true)
+		st.mu.Lock()
+		if st.retired.Load() {
+			st.mu.Unlock()
+			continue
+		}
+		how, w := st.takeTurn(try, true)
+		st.mu.Unlock()
+		_, waited, err := st.await(ctx, how, w)
+		return st, waited, err
+	}
+}
+
+// grantGroup makes the calling goroutine, which has the turn, the holder of
+// the group's hold h.
+func (st *lockState) grantGroup(group string, h *hold) {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.owner, st.holds, st.hold, st.group = gid, 1, h, group
+}
+
+// leaveGroup ends one hold of group by the calling goroutine. When it ends
+// the last one, it returns the hold, whose keys the caller must delete
+// before it passes the turn on.
+func (st *lockState) leaveGroup(group string) (departure, *hold) {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.retired.Load() || st.owner != gid || st.group != group {
+		return notHolder, nil
+	}
+	st.holds--
+	if st.holds > 0 {
+		return stillHeld, nil
+	}
+	h := st.hold
+	st.owner, st.hold, st.group = 0, nil, ""
+	return mustRelease, h
+}
+
+// groupHold returns the group's current hold in this process, nil if none;
+// with mine, only the calling goroutine's.
+func (st *lockState) groupHold(group string, mine bool) *hold {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.group != group || (mine && st.owner != goid.Get()) {
+		return nil
+	}
 	return st.hold
 }
 

@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
@@ -38,9 +39,24 @@ type ticket struct {
 // newTicket returns a ticket for key, put with the lease of tm, with value,
 // in the queue of the lock name, of kind kind (KindMutex...), under rule r.
 func (tm *leaseTerm) newTicket(name string, kind Kind, r *queue.Rule, key, value string) *ticket {
-	s := tm.s
-	marker := fmt.Sprintf("%s\x00etcdlock/%x-%x", name, tm.id, s.seq.Add(1))
-	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value, marker), s: s, term: tm, lock: name, kind: kind}
+	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value, tm.marker(name)), s: tm.s, term: tm, lock: name, kind: kind}
+}
+
+// newGroupTicket returns one ticket for the Mutex keys of names (sorted),
+// with the lease of tm, in the queues of rules (one per name): a
+// MultiMutex's acquisition.
+func (tm *leaseTerm) newGroupTicket(names []string, rules []*queue.Rule) *ticket {
+	slots := make([]queue.Slot, len(names))
+	for i, name := range names {
+		slots[i] = queue.Slot{Rule: rules[i], Key: fmt.Sprintf("%s/%x", name, tm.id), Value: tm.s.identity}
+	}
+	return &ticket{Ticket: queue.NewGroup(tm.conn, tm.marker(names[0]), slots...), s: tm.s, term: tm, lock: strings.Join(names, ","), kind: KindMulti}
+}
+
+// marker returns a new marker key for a ticket of the lock name, with the
+// lease of tm: outside every lock's prefix, and of that ticket alone.
+func (tm *leaseTerm) marker(name string) string {
+	return fmt.Sprintf("%s\x00etcdlock/%x-%x", name, tm.id, tm.s.seq.Add(1))
 }
 
 // abort removes our key after a failed acquisition, if it may be in etcd, on

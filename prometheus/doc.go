@@ -24,8 +24,8 @@
 //	etcdlock_keepalive_failures_total    counter
 //	etcdlock_events_dropped_total        counter
 //
-// primitive is mutex, read, write or semaphore (etcdlock.KindMutex and the
-// others); outcome is an etcdlock.Outcome, reason an etcdlock.LossReason,
+// primitive is mutex, read, write, semaphore or multi (etcdlock.KindMutex
+// and the others); outcome is an etcdlock.Outcome, reason an etcdlock.LossReason,
 // result ok, fenced_miss or error. WithLockLabel adds the lock's name as the
 // label lock to every metric that has primitive. docs/observability.md
 // says what each metric means, and gives queries for a dashboard.

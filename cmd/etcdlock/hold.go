@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,50 +29,72 @@ const (
 // runLock is what one run holds of its lock. Its holds are taken and
 // released by one goroutine, as Mutex and RWMutex require.
 type runLock struct {
-	mode lockMode
-	m    *etcdlock.Mutex
-	rw   *etcdlock.RWMutex
-	sem  *etcdlock.Semaphore
+	mode  lockMode
+	s     *etcdlock.Session
+	names []string // NAME, or the names of --lock
+	m     mutexLock
+	rws   []*etcdlock.RWMutex // one per name
+	sem   *etcdlock.Semaphore
 
-	mHeld, wHeld, rHeld bool
-	permit              *etcdlock.Permit
+	mHeld, rHeld bool
+	wHeld        []bool // one per name
+	permit       *etcdlock.Permit
 }
 
-func newRunLock(s *etcdlock.Session, name string, mode lockMode, limit int) *runLock {
-	l := &runLock{mode: mode}
-	switch mode {
-	case exclusive:
-		l.m, l.rw = etcdlock.NewMutex(s, name), etcdlock.NewRWMutex(s, name)
-	case shared:
-		l.rw = etcdlock.NewRWMutex(s, name)
-	case counted:
-		l.sem = etcdlock.NewSemaphore(s, name, limit)
+// A mutexLock is what an exclusive run takes first: the Mutex of NAME, or the
+// MultiMutex of the names of --lock.
+type mutexLock interface {
+	LockContext(ctx context.Context) error
+	TryLockFor(ctx context.Context, wait time.Duration) (bool, error)
+	UnlockContext(ctx context.Context) error
+	Token() int64
+	Done() <-chan struct{}
+}
+
+func newRunLock(s *etcdlock.Session, names []string, mode lockMode, limit int) *runLock {
+	l := &runLock{mode: mode, s: s, names: names, wHeld: make([]bool, len(names))}
+	for _, name := range names {
+		l.rws = append(l.rws, etcdlock.NewRWMutex(s, name))
+	}
+	switch {
+	case mode == counted:
+		l.sem = etcdlock.NewSemaphore(s, names[0], limit)
+	case len(names) > 1:
+		l.m = etcdlock.NewMultiMutex(s, names...)
+	default:
+		l.m = etcdlock.NewMutex(s, names[0])
 	}
 	return l
 }
 
 // A step is one acquisition of a run's lock: the lock call that waits as
 // long as ctx lasts, the try that waits at most wait, and who holds what
-// the step waits for, among the entries of Inspect.
+// the step waits for, among the entries of Inspect of each of names.
 type step struct {
+	names   []string
 	lock    func(ctx context.Context) error
 	try     func(ctx context.Context, wait time.Duration) (bool, error)
 	blocker func(entries []etcdlock.QueueEntry, ours clientv3.LeaseID) (etcdlock.QueueEntry, bool)
 }
 
 // steps returns the acquisitions of the run's lock, in the order they are
-// taken: always the Mutex before the RWMutex, so that runs cannot deadlock.
+// taken: always the Mutex (or the MultiMutex of every name) before the
+// RWMutexes, so that runs cannot deadlock: a run that waits for a write
+// lock has every name's Mutex, and waits only for --shared runs, which hold
+// one read lock and wait for nothing.
 func (l *runLock) steps() []step {
 	switch l.mode {
 	case shared:
+		rw := l.rws[0]
 		return []step{{
+			names: l.names,
 			lock: func(ctx context.Context) error {
-				err := l.rw.RLockContext(ctx)
+				err := rw.RLockContext(ctx)
 				l.rHeld = err == nil
 				return err
 			},
 			try: func(ctx context.Context, wait time.Duration) (bool, error) {
-				ok, err := l.rw.TryRLockFor(ctx, wait)
+				ok, err := rw.TryRLockFor(ctx, wait)
 				l.rHeld = ok
 				return ok, err
 			},
@@ -78,6 +102,7 @@ func (l *runLock) steps() []step {
 		}}
 	case counted:
 		return []step{{
+			names: l.names,
 			lock: func(ctx context.Context) error {
 				p, err := l.sem.Acquire(ctx)
 				l.permit = p
@@ -94,7 +119,8 @@ func (l *runLock) steps() []step {
 			blocker: kindHolder(etcdlock.KindSemaphore),
 		}}
 	}
-	return []step{{
+	steps := []step{{
+		names: l.names,
 		lock: func(ctx context.Context) error {
 			err := l.m.LockContext(ctx)
 			l.mHeld = err == nil
@@ -106,42 +132,49 @@ func (l *runLock) steps() []step {
 			return ok, err
 		},
 		blocker: mutexHolder,
-	}, {
-		lock: func(ctx context.Context) error {
-			err := l.rw.LockContext(ctx)
-			l.wHeld = err == nil
-			return err
-		},
-		try: func(ctx context.Context, wait time.Duration) (bool, error) {
-			ok, err := l.rw.TryLockFor(ctx, wait)
-			l.wHeld = ok
-			return ok, err
-		},
-		blocker: kindHolder(etcdlock.KindRead, etcdlock.KindWrite),
 	}}
+	for i, rw := range l.rws {
+		steps = append(steps, step{
+			names: l.names[i : i+1],
+			lock: func(ctx context.Context) error {
+				err := rw.LockContext(ctx)
+				l.wHeld[i] = err == nil
+				return err
+			},
+			try: func(ctx context.Context, wait time.Duration) (bool, error) {
+				ok, err := rw.TryLockFor(ctx, wait)
+				l.wHeld[i] = ok
+				return ok, err
+			},
+			blocker: kindHolder(etcdlock.KindRead, etcdlock.KindWrite),
+		})
+	}
+	return steps
 }
 
 // held reports whether the run holds any part of its lock.
 func (l *runLock) held() bool {
-	return l != nil && (l.mHeld || l.wHeld || l.rHeld || l.permit != nil)
+	return l != nil && (l.mHeld || slices.Contains(l.wHeld, true) || l.rHeld || l.permit != nil)
 }
 
 // key and token are those COMMAND gets: the Mutex's for an exclusive run,
-// which etcdctl lock's users know, else those of the read hold or permit.
+// which etcdctl lock's users know (of the first name, with --lock: the
+// others' keys are their names with the same lease and token), else those
+// of the read hold or permit.
 func (l *runLock) key() string {
 	switch l.mode {
 	case shared:
-		return l.rw.Key()
+		return l.rws[0].Key()
 	case counted:
 		return l.permit.Key()
 	}
-	return l.m.Key()
+	return fmt.Sprintf("%s/%x", l.names[0], l.s.Lease())
 }
 
 func (l *runLock) token() int64 {
 	switch l.mode {
 	case shared:
-		return l.rw.Token()
+		return l.rws[0].Token()
 	case counted:
 		return l.permit.Token()
 	}
@@ -149,27 +182,34 @@ func (l *runLock) token() int64 {
 }
 
 // done returns the channels that close when a hold of the run is lost or
-// about to be: b is nil but for an exclusive run, which holds two.
-func (l *runLock) done() (a, b <-chan struct{}) {
+// about to be: one, but for an exclusive run, which holds a write lock of
+// each name besides.
+func (l *runLock) done() []<-chan struct{} {
 	switch l.mode {
 	case shared:
-		return l.rw.Done(), nil
+		return []<-chan struct{}{l.rws[0].Done()}
 	case counted:
-		return l.permit.Done(), nil
+		return []<-chan struct{}{l.permit.Done()}
 	}
-	return l.m.Done(), l.rw.Done()
+	chs := []<-chan struct{}{l.m.Done()}
+	for _, rw := range l.rws {
+		chs = append(chs, rw.Done())
+	}
+	return chs
 }
 
 // release releases whatever the run holds, the last taken first.
 func (l *runLock) release(ctx context.Context) error {
 	var errs []error
-	if l.wHeld {
-		l.wHeld = false
-		errs = append(errs, l.rw.UnlockContext(ctx))
+	for i, rw := range slices.Backward(l.rws) {
+		if l.wHeld[i] {
+			l.wHeld[i] = false
+			errs = append(errs, rw.UnlockContext(ctx))
+		}
 	}
 	if l.rHeld {
 		l.rHeld = false
-		errs = append(errs, l.rw.RUnlockContext(ctx))
+		errs = append(errs, l.rws[0].RUnlockContext(ctx))
 	}
 	if l.mHeld {
 		l.mHeld = false

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -27,7 +29,11 @@ const (
 )
 
 const runAbout = `Runs COMMAND while holding the lock NAME, like flock(1) across machines, and
-stops COMMAND before the lock can pass to anyone else.
+stops COMMAND before the lock can pass to anyone else. With --lock NAME,
+given several times instead of NAME, it holds every one of those locks at
+once (a MultiMutex: one etcd transaction enters every queue, so runs that
+name the same locks in any order cannot deadlock); ETCDLOCK_KEY is then the
+first name's key (in sorted order), and the token is every key's.
 
 By default the hold is exclusive: one run at a time, and it also excludes
 etcdctl lock and etcd's concurrency.Mutex on NAME. --shared runs hold
@@ -169,6 +175,20 @@ type runOptions struct {
 	quiet    bool // --quiet, -q
 	shared   bool // --shared
 	limit    int  // --limit; 0 if not given
+	locks    locksFlag
+}
+
+// locksFlag is --lock, given once per lock.
+type locksFlag []string
+
+func (l *locksFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *locksFlag) Set(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	*l = append(*l, s)
+	return nil
 }
 
 func (o *runOptions) mode() lockMode {
@@ -182,7 +202,7 @@ func (o *runOptions) mode() lockMode {
 }
 
 func newRunFlags() (*commandFlags, *runOptions) {
-	c := newCommandFlags("run", "[flags] NAME -- COMMAND [ARGS...]", runAbout)
+	c := newCommandFlags("run", "[flags] NAME -- COMMAND [ARGS...]\n       etcdlock run [flags] --lock NAME --lock NAME... -- COMMAND [ARGS...]", runAbout)
 	o := &runOptions{}
 	c.durationVar(&o.ttl, "ttl", defaultTTL, "10s or 1m", "lease `TTL` of the session, rounded up to whole seconds: how long the lock outlives a crash of etcdlock")
 	c.Var(&o.wait, "wait", "how long to wait for the lock: a `duration`; 0 tries once, as flock's -n")
@@ -191,10 +211,11 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.BoolVar(&o.withCmd, "identity-cmd", false, "add cmd=<COMMAND ARGS> to the default identity: stored in clear in etcd, so only for command lines without secrets")
 	c.BoolVar(&o.shared, "shared", false, "a shared hold, as flock's -s: many --shared runs at once, none beside a run without it")
 	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N")
+	c.Var(&o.locks, "lock", "a lock `NAME` to hold, instead of NAME; given several times, the run holds all those locks at once (not with --shared or --limit)")
 	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
 	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
 	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "shared", "limit", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "lock", "shared", "limit", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -202,7 +223,7 @@ func newRunFlags() (*commandFlags, *runOptions) {
 
 func runCommand(args []string, sio stdio) error {
 	fs, o := newRunFlags()
-	name, command, err := fs.parseName(args)
+	names, command, err := parseLocks(fs, o, args)
 	if fs.showHelp(err, sio) {
 		return nil
 	}
@@ -211,6 +232,9 @@ func runCommand(args []string, sio stdio) error {
 	}
 	if len(command) == 0 || command[0] == "" {
 		return usagef("run", "missing COMMAND: etcdlock run [flags] NAME -- COMMAND [ARGS...]")
+	}
+	if len(names) > 1 && (o.shared || o.limit != 0) {
+		return usagef("run", "several --lock are held exclusively: not with --shared or --limit")
 	}
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
@@ -261,14 +285,33 @@ func runCommand(args []string, sio stdio) error {
 		signal.Notify(sigs, caught...)
 		defer signal.Stop(sigs)
 	}
-	r := &runner{name: name, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs, losses: make(chan etcdlock.LossReason, 2)}
+	r := &runner{name: strings.Join(names, ","), names: names, command: command, opts: o, cfg: cfg, sio: sio, sigs: sigs, obs: obs, losses: make(chan etcdlock.LossReason, 2)}
 	return r.run()
+}
+
+// parseLocks parses run's arguments: flags, then NAME and flags again,
+// unless --lock gave the names (COMMAND then comes after --). It returns the
+// names, sorted and distinct, and COMMAND with its arguments.
+func parseLocks(fs *commandFlags, o *runOptions, args []string) ([]string, []string, error) {
+	rest, dashdash, err := fs.parse(args)
+	if err != nil || len(o.locks) == 0 {
+		name, command, err := fs.parseName(args)
+		if err == nil && len(o.locks) > 0 {
+			return nil, nil, usagef("run", "NAME %q and --lock: give the names one way", name)
+		}
+		return []string{name}, command, err
+	}
+	if !dashdash && len(rest) > 0 {
+		return nil, nil, usagef("run", "with --lock, COMMAND comes after --: etcdlock run --lock NAME... -- COMMAND [ARGS...]")
+	}
+	return slices.Compact(slices.Sorted(slices.Values(o.locks))), rest, nil
 }
 
 // runner is one etcdlock run. Its lock is taken and released by the
 // goroutine that calls run, as a Mutex requires.
 type runner struct {
-	name    string
+	name    string   // names, joined by commas: for messages
+	names   []string // NAME, or the names of --lock
 	command []string
 	opts    *runOptions
 	cfg     clientv3.Config
@@ -335,7 +378,7 @@ func (r *runner) acquire() (sig os.Signal, err error) {
 // at the error (nil if ctx ended the wait, ctx.Err() if it ended the
 // connect). On any other failure, lock releases what it took.
 func (r *runner) lock(ctx context.Context) error {
-	cli, err := connect(ctx, r.cfg, r.name+"/")
+	cli, err := connect(ctx, r.cfg, r.names[0]+"/")
 	if err != nil {
 		return err
 	}
@@ -350,7 +393,7 @@ func (r *runner) lock(ctx context.Context) error {
 		return unavailable(r.cfg, err)
 	}
 	r.s = s
-	r.l = newRunLock(s, r.name, r.opts.mode(), r.opts.limit)
+	r.l = newRunLock(s, r.names, r.opts.mode(), r.opts.limit)
 	r.grace = r.opts.grace.value(s.TTL())
 
 	var deadline time.Time
@@ -404,11 +447,14 @@ func (r *runner) busy(st step) error {
 		return withStatus(r.opts.conflict, nil)
 	}
 	who := "someone else"
-	ctx, cancel := context.WithTimeout(context.Background(), holderReadTimeout)
-	entries, err := etcdlock.Inspect(ctx, r.cli, r.name)
-	cancel()
-	if h, ok := st.blocker(entries, r.s.Lease()); err == nil && ok {
-		who = describeHolder(h)
+	for _, name := range st.names {
+		ctx, cancel := context.WithTimeout(context.Background(), holderReadTimeout)
+		entries, err := etcdlock.Inspect(ctx, r.cli, name)
+		cancel()
+		if h, ok := st.blocker(entries, r.s.Lease()); err == nil && ok {
+			who = describeHolder(h)
+			break
+		}
 	}
 	held := "holds it"
 	if r.opts.wait.d > 0 {
@@ -432,15 +478,26 @@ func (r *runner) reportHolders(st step) (stop func()) {
 	if r.opts.quiet {
 		return func() {}
 	}
-	return reportHolders(r.s, r.name, st.blocker, r.sio.err)
+	stops := make([]func(), len(st.names))
+	for i, name := range st.names {
+		stops[i] = reportHolders(r.s, name, st.blocker, r.sio.err)
+	}
+	return func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
 }
 
 // runHeld runs COMMAND under the held lock, stops it if the lock is lost,
 // then releases the lock.
 func (r *runner) runHeld() error {
 	key, token := r.l.key(), r.l.token()
-	// An exclusive run holds two locks: the loss of either is the loss.
-	lost, lost2 := r.l.done()
+	// An exclusive run holds two locks (or more, with --lock): the loss of
+	// any is the loss.
+	dones := r.l.done()
+	lost, stopLost := anyClosed(dones)
+	defer stopLost()
 	cmd := exec.Command(r.command[0], r.command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = r.sio.in, r.sio.out, r.sio.err
 	cmd.Env = append(os.Environ(),
@@ -490,10 +547,7 @@ wait:
 		case sig := <-r.sigs:
 			r.warn(signalGroup(pid, sig))
 		case <-lost:
-			lost, lost2, lostAt = nil, nil, time.Now()
-			kill = r.stop(pid)
-		case <-lost2:
-			lost, lost2, lostAt = nil, nil, time.Now()
+			lost, lostAt = nil, time.Now()
 			kill = r.stop(pid)
 		case <-kill:
 			kill = nil
@@ -502,12 +556,12 @@ wait:
 	}
 	if lostAt.IsZero() {
 		// Lost as COMMAND exited: its work may not have been exclusive.
-		select {
-		case <-lost:
-			lostAt = time.Now()
-		case <-lost2:
-			lostAt = time.Now()
-		default:
+		for _, ch := range dones {
+			select {
+			case <-ch:
+				lostAt = time.Now()
+			default:
+			}
 		}
 	} else {
 		r.stopGroup(pid, lostAt.Add(r.grace))
@@ -527,6 +581,30 @@ wait:
 		return nil
 	}
 	return withStatus(status, nil)
+}
+
+// anyClosed returns a channel that is closed once any of chs is, and the
+// function that stops its goroutines.
+func anyClosed(chs []<-chan struct{}) (<-chan struct{}, func()) {
+	if len(chs) == 1 {
+		return chs[0], func() {}
+	}
+	out, stop := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for _, ch := range chs {
+		wg.Go(func() {
+			select {
+			case <-ch:
+				once.Do(func() { close(out) })
+			case <-stop:
+			}
+		})
+	}
+	return out, func() {
+		close(stop)
+		wg.Wait()
+	}
 }
 
 // stop starts stopping COMMAND's process group after the lock was lost, and

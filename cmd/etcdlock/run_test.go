@@ -606,3 +606,51 @@ func closedPort(t *testing.T) string {
 	l.Close()
 	return addr
 }
+
+// TestRunSeveralLocks: run --lock A --lock B holds both at once: busy while
+// a Mutex holds either, writing nothing then; COMMAND gets the first name's
+// key and the shared token; nothing is left after.
+func TestRunSeveralLocks(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ep := srv.Endpoints()[0]
+	a, b := lockName(t)+"-a", lockName(t)+"-b"
+	held := holdLock(t, cli, b)
+	runCLI(t, nil, "run", "--endpoints", ep, "--wait", "0", "--lock", b, "--lock", a, "--", "true").want(t, exitBusy)
+	if keys := lockKeys(t, cli, a); len(keys) != 0 {
+		t.Fatalf("keys of %s after a busy run: got %v, want none", a, keys)
+	}
+	// Waiting: queued in both, holding neither.
+	out := filepath.Join(t.TempDir(), "out")
+	p := startCLI(t, []string{"OUT=" + out}, "run", "--endpoints", ep, "--lock", b, "--lock", a, "--",
+		"sh", "-c", `echo "$ETCDLOCK_KEY $ETCDLOCK_TOKEN" >"$OUT"`)
+	waitKeys(t, cli, b, 2)
+	keyA := waitKeys(t, cli, a, 1)[0]
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	if err := held.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t).want(t, 0)
+	b2, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatalf("the command did not run: %v", err)
+	}
+	key, token, _ := strings.Cut(strings.TrimSpace(string(b2)), " ")
+	if key != keyA.key || token != strconv.FormatInt(keyA.rev, 10) {
+		t.Errorf("ETCDLOCK_KEY ETCDLOCK_TOKEN: got %q %q, want %q %d", key, token, keyA.key, keyA.rev)
+	}
+	for _, name := range []string{a, b} {
+		if keys := lockKeys(t, cli, name); len(keys) != 0 {
+			t.Errorf("keys of %s after the run: got %v, want none", name, keys)
+		}
+	}
+	for _, args := range [][]string{
+		{"--lock", a, "--lock", b, "--shared", "--", "true"},
+		{"--lock", a, "--lock", b, "--limit", "2", "--", "true"},
+		{a, "--lock", b, "--", "true"},
+		{"--lock", a, "--lock", b, "true"},
+	} {
+		runCLI(t, nil, append([]string{"run", "--endpoints", ep}, args...)...).want(t, exitUsage)
+	}
+}

@@ -98,11 +98,12 @@ func FuzzPlaced(f *testing.F) {
 		if err := proto.Unmarshal(data, &resp); err != nil {
 			return
 		}
-		tk := &Ticket{rule: r, key: key}
-		p, err := tk.placed((*clientv3.TxnResponse)(&resp))
+		tk := NewTicket(nil, r, key, "", "")
+		ps, err := tk.placed((*clientv3.TxnResponse)(&resp))
 		if err != nil {
 			return
 		}
+		p := ps[0]
 		if resp.Header == nil {
 			t.Fatalf("placed accepted a reply without a header, want an error")
 		}

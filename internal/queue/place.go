@@ -69,7 +69,9 @@ func (r *Rule) placeNew(key string, replies []*pb.ResponseOp, rev int64) (place,
 			if kv.CreateRevision != rev {
 				return place{}, ErrMalformed
 			}
-		case kv.CreateRevision >= rev:
+		case kv.CreateRevision > rev || (kv.CreateRevision == rev && r.member(kv.Key)):
+			// Only our Txn put keys at rev: a group's other keys, which
+			// can lie under this queue's prefix only nested (D11).
 			return place{}, ErrMalformed
 		default:
 			kvs = append(kvs, kv)

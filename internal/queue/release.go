@@ -14,10 +14,15 @@ import (
 // new place (a semaphore's waiters watch their predecessor for this): it
 // puts our key again, fenced on its create revision.
 func (t *Ticket) promote(ctx context.Context) error {
-	resp, err := t.c.KV.Txn(ctx).
+	return guarded(t.c.KV.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).
 		Then(t.put()).
-		Commit()
+		Commit())
+}
+
+// guarded returns the error of a Txn guarded by our keys being there:
+// ErrKeyGone where they were not.
+func guarded(resp *clientv3.TxnResponse, err error) error {
 	switch {
 	case err != nil:
 		return err
@@ -29,23 +34,38 @@ func (t *Ticket) promote(ctx context.Context) error {
 	return nil
 }
 
-// Delete deletes our key, on ctx as it is, and reports whether it did.
-// A key known to be put is deleted fenced on its create revision (D6). Where
-// a put is unsure, one Txn writes the marker, which fails every put of the
-// ticket that etcd has yet to apply, and deletes the key by name: only this
-// ticket uses the key meanwhile (a Mutex's key is its process's turn). The
+// Delete deletes our keys, on ctx as it is, and reports whether it did (a
+// group: all of them).
+// Keys known to be put are deleted fenced on their create revision (D6): a
+// group's in one Txn, and where one was lost, the others each fenced on its
+// own. Where a put is unsure, one Txn writes the marker, which fails every
+// put of the ticket that etcd has yet to apply, and deletes the keys by
+// name: only this ticket uses them meanwhile (a Mutex's key is its
+// process's turn, and a group holds the turn of each of its locks). The
 // marker makes that Txn act once: a retry, or a copy of it applied late, can
 // never delete a later key of the same name. With nothing put, it does
 // nothing.
 func (t *Ticket) Delete(ctx context.Context) (bool, error) {
+	dels := make([]clientv3.Op, len(t.group))
+	for i, m := range t.group {
+		dels[i] = clientv3.OpDelete(m.key)
+	}
 	txn := t.c.KV.Txn(ctx)
 	switch t.state {
 	case keyAbsent:
 		return false, nil
 	case keyPut:
-		txn = txn.If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", t.rev)).Then(clientv3.OpDelete(t.key))
+		ours := t.Ours()
+		txn = txn.If(ours...).Then(dels...)
+		if len(t.group) > 1 {
+			each := make([]clientv3.Op, len(t.group))
+			for i := range t.group {
+				each[i] = clientv3.OpTxn([]clientv3.Cmp{ours[i]}, []clientv3.Op{dels[i]}, nil)
+			}
+			txn = txn.Else(each...)
+		}
 	default:
-		txn = txn.If(t.mayPut()).Then(clientv3.OpPut(t.marker, "", clientv3.WithLease(t.c.Lease.ID())), clientv3.OpDelete(t.key))
+		txn = txn.If(t.mayPut()).Then(append([]clientv3.Op{clientv3.OpPut(t.marker, "", clientv3.WithLease(t.c.Lease.ID()))}, dels...)...)
 	}
 	resp, err := txn.Commit()
 	switch {
@@ -60,10 +80,18 @@ func (t *Ticket) Delete(ctx context.Context) (bool, error) {
 	case t.state == keyPut || !resp.Succeeded:
 		return resp.Succeeded, nil
 	}
-	if len(resp.Responses) != 2 || resp.Responses[1].GetResponseDeleteRange() == nil {
+	if len(resp.Responses) != 1+len(t.group) {
 		return false, ErrMalformed
 	}
-	return resp.Responses[1].GetResponseDeleteRange().Deleted > 0, nil
+	deleted := false
+	for _, reply := range resp.Responses[1:] {
+		d := reply.GetResponseDeleteRange()
+		if d == nil {
+			return false, ErrMalformed
+		}
+		deleted = deleted || d.Deleted > 0
+	}
+	return deleted, nil
 }
 
 // graceContext returns a context that ends grace after ctx ends (or when

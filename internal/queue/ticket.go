@@ -13,6 +13,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -52,11 +53,13 @@ type Conn struct {
 	TTL time.Duration
 }
 
-// A Ticket is one key of ours in a queue, from its enqueue to its release.
+// A Ticket is one key of ours in a queue, from its enqueue to its release;
+// or, made by NewGroup, one key in each of several queues, all put by one
+// Txn, so at one revision, and held together.
 //
-// What the ticket knows of its key in etcd (state and rev) and the marker
-// that fences its late puts are owned together: they decide which key, if
-// any, a delete removes, and how.
+// What the ticket knows of its keys in etcd (state and rev) and the marker
+// that fences their late puts are owned together: they decide which keys,
+// if any, a delete removes, and how.
 type Ticket struct {
 	c     *Conn
 	rule  *Rule
@@ -71,6 +74,9 @@ type Ticket struct {
 	state     keyState
 	rev       int64 // the key's create revision, the fencing token, while state is keyPut
 	contended bool  // the acquisition waited for another holder
+	// group is every ticket of the acquisition, this one first: one key per
+	// queue, one marker, one state and one revision for all (set).
+	group []*Ticket
 }
 
 // A keyState is what a ticket knows of its key in etcd.
@@ -87,17 +93,62 @@ const (
 // NewTicket returns a ticket for key, with value, in the queue of rule r.
 // marker must be a key of this ticket alone, outside every lock's prefix.
 func NewTicket(c *Conn, r *Rule, key, value, marker string) *Ticket {
-	return &Ticket{c: c, rule: r, key: key, value: value, marker: marker}
+	t := &Ticket{c: c, rule: r, key: key, value: value, marker: marker}
+	t.group = []*Ticket{t}
+	return t
+}
+
+// A Slot is one key of a group ticket: the key, its value, and the rule of
+// its queue.
+type Slot struct {
+	Rule       *Rule
+	Key, Value string
+}
+
+// NewGroup returns one ticket for several keys, one per queue (at least
+// one; no key may lie in another's queue as a member), which it puts in one
+// Txn, at one revision: it holds when every queue says so. A key waits only
+// for older keys, and all keys of a group are as old as each other, so
+// groups that wait for each other cannot wait in a cycle. One marker, a key
+// of this ticket alone outside every lock's prefix, fences the late puts of
+// all its keys.
+func NewGroup(c *Conn, marker string, slots ...Slot) *Ticket {
+	group := make([]*Ticket, len(slots))
+	for i, sl := range slots {
+		group[i] = &Ticket{c: c, rule: sl.Rule, key: sl.Key, value: sl.Value, marker: marker}
+	}
+	for _, t := range group {
+		t.group = group
+	}
+	return group[0]
 }
 
 // Held returns a ticket for key, known to be in etcd with create revision
 // rev: its delete is fenced on rev.
 func Held(c *Conn, r *Rule, key string, rev int64) *Ticket {
-	return &Ticket{c: c, rule: r, key: key, state: keyPut, rev: rev}
+	t := &Ticket{c: c, rule: r, key: key, state: keyPut, rev: rev}
+	t.group = []*Ticket{t}
+	return t
 }
 
-// Key returns the ticket's key.
+// Key returns the ticket's key (a group's first key).
 func (t *Ticket) Key() string { return t.key }
+
+// Keys returns the ticket's keys: one, or a group's, in the order given.
+func (t *Ticket) Keys() []string {
+	keys := make([]string, len(t.group))
+	for i, m := range t.group {
+		keys[i] = m.key
+	}
+	return keys
+}
+
+// set records what the ticket knows of its keys, for every key of a group.
+func (t *Ticket) set(state keyState, rev int64) {
+	for _, m := range t.group {
+		m.state, m.rev = state, rev
+	}
+}
 
 // Rev returns the key's create revision, the fencing token, once the key
 // is known to be put; 0 otherwise.
@@ -118,23 +169,30 @@ func (t *Ticket) mayPut() clientv3.Cmp {
 
 // sent records that a Txn that may put our key is about to be sent: until
 // its reply comes, the key may be put.
-func (t *Ticket) sent() { t.state, t.rev = keyUnsure, 0 }
+func (t *Ticket) sent() { t.set(keyUnsure, 0) }
 
 // put is the Op that puts our key with the lease.
 func (t *Ticket) put() clientv3.Op {
 	return clientv3.OpPut(t.key, t.value, clientv3.WithLease(t.c.Lease.ID()))
 }
 
-// Acquire puts our key in the queue and waits until it holds (WaitForever),
-// or until ctx ends, or not at all (TryOnly: then it writes nothing when
-// blocked, and returns ErrBusy). A key deleted while it waits (by hand, or
-// by a revoke the lease has yet to see) is queued again, as a new key. On
-// failure the key may be in etcd (MayBeInEtcd): the caller deletes it.
+// Acquire puts our keys in their queues and waits until it holds in each
+// (WaitForever), or until ctx ends, or not at all (TryOnly: then it writes
+// nothing when blocked, and returns ErrBusy). A key deleted while it waits
+// (by hand, or by a revoke the lease has yet to see) is queued again, as a
+// new key; a group deletes its other keys first and queues them all again,
+// at one new revision. On failure the keys may be in etcd (MayBeInEtcd):
+// the caller deletes them.
 func (t *Ticket) Acquire(ctx context.Context, wait time.Duration) error {
 	err := t.enter(ctx, wait)
 	for errors.Is(err, ErrKeyGone) && ctx.Err() == nil && !t.c.Lease.Expired() {
+		if len(t.group) > 1 {
+			if _, err = t.Delete(ctx); err != nil {
+				break
+			}
+		}
 		// A revoked lease fails the put with ErrLeaseNotFound.
-		t.state, t.rev = keyAbsent, 0
+		t.set(keyAbsent, 0)
 		err = t.enter(ctx, wait)
 	}
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -143,124 +201,231 @@ func (t *Ticket) Acquire(ctx context.Context, wait time.Duration) error {
 	return err
 }
 
-// enter puts our key in the queue and waits for its turn.
+// enter puts our keys in their queues and waits for their turn.
 func (t *Ticket) enter(ctx context.Context, wait time.Duration) error {
-	var p place
+	var ps []place
 	var err error
 	if wait == TryOnly {
-		p, err = t.try(ctx)
+		ps, err = t.try(ctx)
 	} else {
-		p, err = t.enqueue(ctx)
-	}
-	if err != nil {
-		return err
+		ps, err = t.enqueue(ctx)
 	}
 	switch {
-	case p.verdict == held:
-		return nil
-	case p.verdict == gone:
+	case err != nil:
+		return err
+	case slices.ContainsFunc(ps, func(p place) bool { return p.verdict == gone }):
 		return ErrKeyGone
+	case !slices.ContainsFunc(ps, func(p place) bool { return p.verdict != held }):
+		return nil
 	}
 	t.contended = true
 	if wait == TryOnly {
 		return ErrBusy
 	}
-	// The place came from the acquire Txn: nobody was behind us.
-	if p, err = t.wait(ctx, p); err != nil {
-		return err
-	}
-	if p.verdict == gone {
-		return ErrKeyGone
-	}
-	if p.next {
-		return t.promote(ctx)
+	// One queue after the other: once a queue holds our key, it holds it
+	// until the key goes, for only older keys block it, and they only ever
+	// go.
+	for i, m := range t.group {
+		if ps[i].verdict == held {
+			continue
+		}
+		// The place came from the acquire Txn: nobody was behind us.
+		p, err := m.wait(ctx, ps[i])
+		switch {
+		case err != nil:
+			return err
+		case p.verdict == gone:
+			return ErrKeyGone
+		case p.next:
+			if err := m.promote(ctx); err != nil {
+				return err
+			}
+		}
+		if len(t.group) > 1 {
+			if err := t.reread(ctx, ps, i+1); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
 
-// enqueue puts our key, if it is not there, and reads its place, in one Txn.
-// (A compare on the prefix being empty could save the read when nobody
+// reread reads again the places of a group's queues from the one at from on
+// that did not say held, in one Txn guarded by every key of ours still being
+// there (one may have gone while we waited for another queue): ErrKeyGone if
+// one has. The holders that those queues waited for have often gone
+// meanwhile: a holder of several of our names releases them at once.
+func (t *Ticket) reread(ctx context.Context, ps []place, from int) error {
+	var todo []int
+	var ops []clientv3.Op
+	for j := from; j < len(t.group); j++ {
+		if ps[j].verdict != held {
+			todo = append(todo, j)
+			ops = append(ops, t.group[j].rule.older(t.rev, false)...)
+		}
+	}
+	resp, err := t.c.KV.Txn(ctx).If(t.Ours()...).Then(ops...).Commit()
+	if err := guarded(resp, err); err != nil {
+		return err
+	}
+	if resp.Header == nil || len(resp.Responses) != len(ops) {
+		return ErrMalformed
+	}
+	replies := resp.Responses
+	for _, j := range todo {
+		m := t.group[j]
+		n := len(m.rule.older(t.rev, false))
+		p, err := m.rule.placeOlder(replies[:n], t.rev, resp.Header.Revision, false)
+		if err == nil && p.verdict == unread {
+			p, err = m.read(ctx)
+		}
+		if err != nil {
+			return err
+		}
+		ps[j], replies = p, replies[n:]
+	}
+	return nil
+}
+
+// Ours returns the compares that each of our keys is in etcd, put at rev:
+// all true while the ticket holds.
+func (t *Ticket) Ours() []clientv3.Cmp {
+	cmps := make([]clientv3.Cmp, len(t.group))
+	for i, m := range t.group {
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.rev)
+	}
+	return cmps
+}
+
+// enqueueOps returns what every Txn that may put our keys carries: the
+// compares that each key is absent, and our marker too; and the Ops that put
+// every key and then read the newest keys of each queue.
+func (t *Ticket) enqueueOps() ([]clientv3.Cmp, []clientv3.Op) {
+	cmps := make([]clientv3.Cmp, 0, len(t.group)+1)
+	ops := make([]clientv3.Op, 0, 2*len(t.group))
+	var reads []clientv3.Op
+	for _, m := range t.group {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0))
+		ops = append(ops, m.put())
+		reads = append(reads, m.rule.newest()...)
+	}
+	return append(cmps, t.mayPut()), append(ops, reads...)
+}
+
+// enqueue puts our keys, if none is there, and reads their places, in one
+// Txn. (A compare on the prefix being empty could save the read when nobody
 // holds, but etcd reads every key of the range to compare it: with a long
 // queue, each enqueue would read all of it.)
-func (t *Ticket) enqueue(ctx context.Context) (place, error) {
+func (t *Ticket) enqueue(ctx context.Context) ([]place, error) {
 	// D3: if ctx ends while etcd applies the Txn, wait a little for the
 	// reply rather than guess: a known revision makes the cleanup fenced, and
 	// a cleanup sent while the Txn is still in flight could be applied first.
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
 	t.sent()
-	resp, err := t.c.KV.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0), t.mayPut()).
-		Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
-		Else(clientv3.OpGet(t.key)).
-		Commit()
+	cmps, ops := t.enqueueOps()
+	mine := make([]clientv3.Op, len(t.group))
+	for i, m := range t.group {
+		mine[i] = clientv3.OpGet(m.key)
+	}
+	resp, err := t.c.KV.Txn(rctx).If(cmps...).Then(ops...).Else(mine...).Commit()
 	if err != nil {
 		// D3: the Txn may have been applied though the reply was lost, or
-		// may be applied later: the key stays unsure.
-		return place{}, err
+		// may be applied later: the keys stay unsure.
+		return nil, err
 	}
-	p, err := t.placed(resp)
+	ps, err := t.placed(resp)
 	if err != nil {
-		return p, err
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return p, err
+		return nil, err
 	}
-	if p.verdict == unread {
-		// Our key was already there (WithLease), or the keys the Txn read
-		// could not tell our place (D11): read it.
-		return t.read(ctx)
+	for i, m := range t.group {
+		if ps[i].verdict == unread {
+			// Our key was already there (WithLease), or the keys the Txn
+			// read could not tell our place (D11): read it.
+			if ps[i], err = m.read(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
-	return p, nil
+	return ps, nil
 }
 
-// try puts our key only if it would hold at once, and writes nothing
-// otherwise: the first Txn assumes the queue is empty; if it is not, its
-// reply says whether the keys there block us, and the next Txn puts our key
+// try puts our keys only if they would hold at once, and writes nothing
+// otherwise: the first Txn assumes every queue is empty; if one is not, its
+// reply says whether the keys there block us, and the next Txn puts our keys
 // only if no key was added since that read. A Txn that may put goes through
-// etcd's raft log even when its compare fails, so after a try of this rule
-// found the queue blocked, the next one reads first (a read-only Txn, no
+// etcd's raft log even when its compare fails, so after a try of a rule
+// found its queue blocked, the next one reads first (a read-only Txn, no
 // raft): a lock polled while held costs one read a try.
-func (t *Ticket) try(ctx context.Context) (p place, err error) {
-	defer func() { t.rule.busy.Store(err == nil && p.verdict == blocked) }()
+func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
+	defer func() {
+		for i, m := range t.group {
+			m.rule.busy.Store(err == nil && i < len(ps) && ps[i].verdict == blocked)
+		}
+	}()
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
-	unchanged := clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "=", 0).WithPrefix()
-	for readFirst := t.rule.busy.Load(); ; readFirst = false {
+	unchanged := make([]clientv3.Cmp, len(t.group))
+	readFirst := false
+	var blockers []clientv3.Op
+	for i, m := range t.group {
+		unchanged[i] = clientv3.Compare(clientv3.CreateRevision(m.rule.blocking), "=", 0).WithPrefix()
+		readFirst = readFirst || m.rule.busy.Load()
+		blockers = append(blockers, m.blockers()...)
+	}
+	for ; ; readFirst = false {
 		txn := t.c.KV.Txn(rctx)
 		if readFirst {
-			txn = txn.Then(t.blockers()...)
+			txn = txn.Then(blockers...)
 		} else {
 			t.sent()
-			txn = txn.If(unchanged, clientv3.Compare(clientv3.CreateRevision(t.key), "=", 0), t.mayPut()).
-				Then(append([]clientv3.Op{t.put()}, t.rule.newest()...)...).
-				Else(t.blockers()...)
+			cmps, ops := t.enqueueOps()
+			txn = txn.If(append(slices.Clone(unchanged), cmps...)...).Then(ops...).Else(blockers...)
 		}
 		resp, err := txn.Commit()
 		if err != nil {
-			return place{}, err
+			return nil, err
 		}
 		if resp == nil || resp.Header == nil {
-			return place{}, ErrMalformed
+			return nil, ErrMalformed
 		}
 		if resp.Succeeded && !readFirst {
-			p, err := t.placed(resp)
-			if err == nil && p.verdict == unread {
-				p, err = t.read(ctx)
+			ps, err := t.placed(resp)
+			for i, m := range t.group {
+				if err == nil && ps[i].verdict == unread {
+					ps[i], err = m.read(ctx)
+				}
 			}
-			return p, err
+			return ps, err
 		}
 		if !readFirst {
-			t.state = keyAbsent // the compare failed: nothing was put
+			t.set(keyAbsent, 0) // the compare failed: nothing was put
 		}
-		p, adopt, err := t.blocked(ctx, resp)
-		switch {
-		case adopt:
-			return t.enqueue(ctx)
-		case err != nil || p.verdict != held:
-			return p, err
+		if len(resp.Responses) != len(blockers) {
+			return nil, ErrMalformed
 		}
-		unchanged = clientv3.Compare(clientv3.CreateRevision(t.rule.blocking), "<", p.seen+1).WithPrefix()
+		ps := make([]place, len(t.group))
+		free := true
+		for i, m := range t.group {
+			p, adopt, err := m.blocked(ctx, resp.Responses[2*i:2*i+2], resp.Header.Revision)
+			switch {
+			case adopt:
+				return t.enqueue(ctx)
+			case err != nil:
+				return nil, err
+			}
+			ps[i] = p
+			free = free && p.verdict == held
+		}
+		if !free {
+			return ps, nil
+		}
+		for i, m := range t.group {
+			unchanged[i] = clientv3.Compare(clientv3.CreateRevision(m.rule.blocking), "<", ps[i].seen+1).WithPrefix()
+		}
 	}
 }
 
@@ -270,20 +435,18 @@ func (t *Ticket) blockers() []clientv3.Op {
 	return []clientv3.Op{clientv3.OpGet(t.key, clientv3.WithKeysOnly()), t.rule.oldest()}
 }
 
-// blocked reads the reply of blockers: the place a key put now would have,
-// or adopt when our key is there already (WithLease: take it as it is).
-func (t *Ticket) blocked(ctx context.Context, resp *clientv3.TxnResponse) (p place, adopt bool, err error) {
-	if resp == nil || resp.Header == nil || len(resp.Responses) != 2 {
-		return place{}, false, ErrMalformed
-	}
-	mine := resp.Responses[0].GetResponseRange()
+// blocked reads the replies of blockers, read at revision seen: the place a
+// key put now would have, or adopt when our key is there already
+// (WithLease: take it as it is).
+func (t *Ticket) blocked(ctx context.Context, replies []*pb.ResponseOp, seen int64) (p place, adopt bool, err error) {
+	mine := replies[0].GetResponseRange()
 	if mine == nil {
 		return place{}, false, ErrMalformed
 	}
 	if len(mine.Kvs) > 0 {
 		return place{}, true, nil
 	}
-	p, err = t.rule.placeFirst(resp.Responses[1].GetResponseRange(), resp.Header.Revision)
+	p, err = t.rule.placeFirst(replies[1].GetResponseRange(), seen)
 	if err == nil && p.verdict == unread {
 		// A nested key came first (D11): read every key.
 		p, err = t.readAll(ctx)
@@ -291,31 +454,57 @@ func (t *Ticket) blocked(ctx context.Context, resp *clientv3.TxnResponse) (p pla
 	return p, false, err
 }
 
-// placed reads the reply of a Txn that put our key if it was absent and then
-// read the rule's newest keys, or else read our key. It sets t.rev. The
-// place is unread when the reply could not tell it.
-func (t *Ticket) placed(resp *clientv3.TxnResponse) (place, error) {
+// placed reads the reply of a Txn that put our keys if they were absent and
+// then read the rules' newest keys, or else read our keys: a place per key.
+// It sets the keys' rev. A place is unread when the reply could not tell it.
+func (t *Ticket) placed(resp *clientv3.TxnResponse) ([]place, error) {
 	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 {
-		return place{}, ErrMalformed
+		return nil, ErrMalformed
 	}
+	ps := make([]place, len(t.group))
 	if !resp.Succeeded {
-		// Our key was already there: left by an earlier process with this
-		// lease (WithLease). Adopt it, as concurrency.Mutex does.
-		if len(resp.Responses) != 1 {
-			return place{}, ErrMalformed
+		// Our keys were already there: left by an earlier process with this
+		// lease (WithLease). Adopt them, as concurrency.Mutex does; a
+		// group's only if all are there at one revision, as one
+		// acquisition of the same keys put them.
+		if len(resp.Responses) != len(t.group) {
+			return nil, ErrMalformed
 		}
-		mine := resp.Responses[0].GetResponseRange()
-		if mine == nil || len(mine.Kvs) != 1 || mine.Kvs[0].CreateRevision <= 0 {
-			return place{}, ErrMalformed
+		var rev int64
+		for _, reply := range resp.Responses {
+			mine := reply.GetResponseRange()
+			switch {
+			case mine == nil || len(mine.Kvs) > 1 || (len(mine.Kvs) == 1 && mine.Kvs[0].CreateRevision <= 0):
+				return nil, ErrMalformed
+			case len(t.group) == 1 && len(mine.Kvs) == 0:
+				return nil, ErrMalformed
+			case len(mine.Kvs) == 0 || (rev != 0 && rev != mine.Kvs[0].CreateRevision):
+				t.set(keyAbsent, 0)
+				return nil, ErrForeignKeys
+			}
+			rev = mine.Kvs[0].CreateRevision
 		}
-		t.state, t.rev = keyPut, mine.Kvs[0].CreateRevision
-		return place{}, nil
+		t.set(keyPut, rev)
+		return ps, nil
 	}
-	if len(resp.Responses) != 1+len(t.rule.newest()) {
-		return place{}, ErrMalformed
+	want := len(t.group)
+	for _, m := range t.group {
+		want += len(m.rule.newest())
 	}
-	t.state, t.rev = keyPut, resp.Header.Revision
-	return t.rule.placeNew(t.key, resp.Responses[1:], t.rev)
+	if len(resp.Responses) != want {
+		return nil, ErrMalformed
+	}
+	t.set(keyPut, resp.Header.Revision)
+	replies := resp.Responses[len(t.group):]
+	for i, m := range t.group {
+		n := len(m.rule.newest())
+		p, err := m.rule.placeNew(m.key, replies[:n], t.rev)
+		if err != nil {
+			return nil, err
+		}
+		ps[i], replies = p, replies[n:]
+	}
+	return ps, nil
 }
 
 // read reads our place: one linearizable read, and no write, guarded by our
