@@ -13,17 +13,21 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
+// revokeTimeout bounds a revoke, so that Close returns within 5 s even when
+// etcd is unreachable.
+const revokeTimeout = 2 * time.Second
+
 // A leaseTerm is one lease of a Session, from its grant (or adoption) to its
 // loss or revoke: the lease, its keep-alive, and when the last keep-alive
 // acknowledgement came. Every key is put with the lease of one term, and
 // every hold, ticket and loss signal belongs to the term of its key. A
 // Session has one term, or, WithRenewal, one after another.
 type leaseTerm struct {
-	s    *Session
-	id   clientv3.LeaseID
-	ttl  time.Duration
-	cs   *concurrency.Session
-	conn *queue.Conn // the queue's view of the client and this lease
+	client *clientv3.Client
+	id     clientv3.LeaseID
+	ttl    time.Duration
+	cs     *concurrency.Session
+	conn   *queue.Conn // the queue's view of the client and this lease
 
 	// lastAck is when the last keep-alive acknowledgement arrived (Unix ns).
 	lastAck atomic.Int64
@@ -52,11 +56,12 @@ func grant(ctx context.Context, client *clientv3.Client, ttl time.Duration, adop
 	return adopt, resp.GrantedTTL, false, nil
 }
 
-// newTerm starts keeping the lease id alive, for s, until ctx (the
-// Session's WithContext context) ends or the term is ended. The caller
-// starts its goroutines (start) once the term is the Session's.
-func newTerm(s *Session, ctx context.Context, id clientv3.LeaseID, secs int64) (*leaseTerm, <-chan *clientv3.LeaseKeepAliveResponse, error) {
-	cs, err := concurrency.NewSession(s.client,
+// newTerm starts keeping the lease id alive until ctx (the Session's
+// WithContext context) ends or the term is ended. It returns the channel of
+// the keep-alive's acknowledgements, which the Session reads (acked) once
+// the term is its own.
+func newTerm(client *clientv3.Client, ctx context.Context, id clientv3.LeaseID, secs int64) (*leaseTerm, <-chan *clientv3.LeaseKeepAliveResponse, error) {
+	cs, err := concurrency.NewSession(client,
 		concurrency.WithLease(id), concurrency.WithTTL(int(secs)), concurrency.WithContext(ctx))
 	if err != nil {
 		return nil, nil, err
@@ -64,7 +69,7 @@ func newTerm(s *Session, ctx context.Context, id clientv3.LeaseID, secs int64) (
 	// A second keep-alive channel on the same lease: it costs no extra RPC
 	// and tells us when each acknowledgement arrives, which
 	// concurrency.Session keeps to itself.
-	acks, err := s.client.KeepAlive(cs.Ctx(), id)
+	acks, err := client.KeepAlive(cs.Ctx(), id)
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -72,25 +77,14 @@ func newTerm(s *Session, ctx context.Context, id clientv3.LeaseID, secs int64) (
 		cs.Orphan()
 		return nil, nil, err
 	}
-	tm := &leaseTerm{s: s, id: id, ttl: time.Duration(secs) * time.Second, cs: cs, next: make(chan struct{})}
-	tm.conn = &queue.Conn{KV: s.client, Watcher: s.client, Lease: tm, TTL: tm.ttl}
+	tm := &leaseTerm{client: client, id: id, ttl: time.Duration(secs) * time.Second, cs: cs, next: make(chan struct{})}
+	tm.conn = &queue.Conn{KV: client, Watcher: client, Lease: tm, TTL: tm.ttl}
 	tm.lastAck.Store(time.Now().UnixNano())
 	return tm, acks, nil
 }
 
-// start runs the term's background work: reading acks, and for an
-// observed Session, probing the keep-alive.
-func (tm *leaseTerm) start(acks <-chan *clientv3.LeaseKeepAliveResponse) {
-	s := tm.s
-	s.bg.Go(func() {
-		for range acks {
-			tm.lastAck.Store(time.Now().UnixNano())
-		}
-	})
-	if s.events != nil {
-		s.bg.Go(tm.probeKeepAlive)
-	}
-}
+// acked records a keep-alive acknowledgement, now.
+func (tm *leaseTerm) acked() { tm.lastAck.Store(time.Now().UnixNano()) }
 
 // ID returns the term's lease.
 func (tm *leaseTerm) ID() clientv3.LeaseID { return tm.id }
@@ -124,7 +118,7 @@ func (tm *leaseTerm) untilSilent() time.Duration {
 // revoke revokes the term's lease, which deletes its keys, on ctx bounded
 // by revokeTimeout. A lease already gone is no error.
 func (tm *leaseTerm) revoke(ctx context.Context) error {
-	client := tm.s.client
+	client := tm.client
 	if err := client.Ctx().Err(); err != nil {
 		// A closed client sends nothing: the lease expires on its own.
 		return fmt.Errorf("etcdlock: revoke lease %x: client closed: %w", tm.id, err)
@@ -136,44 +130,4 @@ func (tm *leaseTerm) revoke(ctx context.Context) error {
 		return fmt.Errorf("etcdlock: revoke lease %x: %w", tm.id, err)
 	}
 	return nil
-}
-
-// probeKeepAlive measures the keep-alive for the observers: every TTL/3 it
-// renews the lease once more itself, and reports the round trip and the
-// margin the lease had left, counted from the last acknowledgement on the
-// term's keep-alive stream. It does not move that clock: Done and the end of
-// the term both count from the stream's acknowledgements, so an observed
-// Session warns as early as one that is not.
-func (tm *leaseTerm) probeKeepAlive() {
-	s, ctx := tm.s, tm.ctx()
-	interval := tm.ttl / 3
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		last := time.Unix(0, tm.lastAck.Load())
-		start := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, interval)
-		_, err := s.client.KeepAliveOnce(rctx, tm.id)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		now := time.Now()
-		e := Event{Kind: KeptAlive, Time: now, Lease: tm.id, RTT: now.Sub(start), Margin: last.Add(tm.ttl).Sub(now), TTL: tm.ttl, Err: err}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			tm.Gone()
-		}
-		s.events.emit(e)
-	}
-}
-
-// uniqueKey returns a new key under pfx for one hold on the term's lease:
-// <lease ID in hex>-<number>.
-func (tm *leaseTerm) uniqueKey(pfx string) string {
-	return fmt.Sprintf("%s%x-%x", pfx, tm.id, tm.s.seq.Add(1))
 }

@@ -30,6 +30,10 @@ func lockBlocking(method, name string, s *Session, lock func(context.Context) er
 	}
 }
 
+// tryLockTimeout bounds the TryLock methods, which have no context of their
+// own.
+const tryLockTimeout = 2 * time.Second
+
 // tryOnce tries acquire once, bounded by tryLockTimeout, for a TryLock
 // method, which has no context of its own: false on any failure.
 func tryOnce(acquire func(ctx context.Context, wait time.Duration) (bool, error)) bool {

@@ -185,7 +185,7 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 			st.grantGroup(m.group, h)
 		}
 	}
-	_, err = m.s.acquire(ctx, claim{t: tm.newGroupTicket(m.names, m.rules), wait: wait, turn: turn, then: pass, grant: grant})
+	_, err = m.s.acquire(ctx, claim{t: m.s.newGroupTicket(tm, m.names, m.rules), wait: wait, turn: turn, then: pass, grant: grant})
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}

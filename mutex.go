@@ -11,9 +11,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// tryLockTimeout bounds TryLock, which has no context of its own.
-const tryLockTimeout = 2 * time.Second
-
 // A Mutex is a distributed lock on etcd, and a sync.Locker.
 //
 // The holder is a goroutine. The holding goroutine may lock again, through
@@ -159,7 +156,7 @@ func (m *Mutex) enter(ctx context.Context, try bool) (*lockState, entry, *waiter
 // ticket returns our key in the lock's queue, for a new acquisition with
 // the lease of tm: name/<lease ID in hex>.
 func (m *Mutex) ticket(tm *leaseTerm) *ticket {
-	return tm.newTicket(m.name, KindMutex, m.rule, fmt.Sprintf("%s/%x", m.name, tm.id), m.s.identity)
+	return m.s.newTicket(tm, m.name, KindMutex, m.rule, fmt.Sprintf("%s/%x", m.name, tm.id), m.s.identity)
 }
 
 // UnlockContext ends one hold of the calling goroutine. It returns

@@ -59,7 +59,7 @@ func (s *Session) nextTerm(old *leaseTerm) (*leaseTerm, <-chan *clientv3.LeaseKe
 	if err != nil {
 		return nil, nil, err
 	}
-	next, acks, err := newTerm(s, s.ctx, id, secs)
+	next, acks, err := newTerm(s.client, s.ctx, id, secs)
 	if err != nil {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(s.ctx), revokeTimeout)
 		defer rcancel()
@@ -80,7 +80,7 @@ func (s *Session) install(old, next *leaseTerm, acks <-chan *clientv3.LeaseKeepA
 		return false
 	}
 	s.term.Store(next)
-	next.start(acks)
+	s.startTerm(next, acks)
 	close(old.next)
 	s.bgMu.Unlock()
 	s.events.setLease(next.id)

@@ -112,10 +112,7 @@ func (rw *RWMutex) TryLock() bool { return rw.tryNow(true) }
 func (rw *RWMutex) TryRLock() bool { return rw.tryNow(false) }
 
 func (rw *RWMutex) tryNow(write bool) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
-	defer cancel()
-	ok, _ := rw.acquire(ctx, write, tryOnly)
-	return ok
+	return tryOnce(func(ctx context.Context, wait time.Duration) (bool, error) { return rw.acquire(ctx, write, wait) })
 }
 
 // LockContext takes the write lock, waiting until it is held or ctx ends.
@@ -167,7 +164,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 	if write {
 		kind, r, sub = KindWrite, rw.writer, "/write/"
 	}
-	t := tm.newTicket(rw.name, kind, r, tm.uniqueKey(rw.name+sub), rw.s.identity)
+	t := rw.s.newTicket(tm, rw.name, kind, r, rw.s.uniqueKey(tm, rw.name+sub), rw.s.identity)
 	_, err = rw.s.acquire(ctx, claim{t: t, wait: wait, grant: func(h *hold) { rw.grant(write, h) }})
 	if errors.Is(err, errBusy) {
 		return false, nil

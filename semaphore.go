@@ -97,7 +97,7 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	if err != nil {
 		return nil, err
 	}
-	t := tm.newTicket(sem.name, KindSemaphore, sem.rule, tm.uniqueKey(sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
+	t := sem.s.newTicket(tm, sem.name, KindSemaphore, sem.rule, sem.s.uniqueKey(tm, sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
 	h, err := sem.s.acquire(ctx, claim{t: t, wait: wait})
 	if errors.Is(err, errBusy) {
 		return nil, ErrNoPermit

@@ -2,11 +2,13 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -16,9 +18,6 @@ const (
 
 	// setupTimeout bounds NewSession's RPCs when its context has no earlier deadline.
 	setupTimeout = 5 * time.Second
-	// revokeTimeout bounds the revoke in Close, so Close returns within 5 s
-	// even when etcd is unreachable.
-	revokeTimeout = 2 * time.Second
 )
 
 // A Session is one etcd lease, kept alive in the background, shared by every
@@ -227,7 +226,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		ctx:         o.ctx,
 		revoked:     make(chan struct{}),
 	}
-	tm, acks, err := newTerm(s, o.ctx, id, secs)
+	tm, acks, err := newTerm(client, o.ctx, id, secs)
 	if err != nil {
 		if granted {
 			rctx, rcancel := context.WithTimeout(context.WithoutCancel(o.ctx), revokeTimeout)
@@ -243,7 +242,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	// Keys from an earlier process with the same lease (WithLease) were
 	// numbered from an earlier time: no key of ours can be one of theirs.
 	s.seq.Store(time.Now().UnixNano())
-	tm.start(acks)
+	s.startTerm(tm, acks)
 	if o.renew {
 		s.bg.Go(s.renew)
 	} else {
@@ -402,4 +401,59 @@ func (s *Session) goBackground(f func()) bool {
 	}
 	s.bg.Go(f)
 	return true
+}
+
+// startTerm runs the background work of the term tm, once it is the
+// Session's: reading its keep-alive's acknowledgements and, for an observed
+// Session, probing the keep-alive. Both end with the term.
+func (s *Session) startTerm(tm *leaseTerm, acks <-chan *clientv3.LeaseKeepAliveResponse) {
+	s.bg.Go(func() {
+		for range acks {
+			tm.acked()
+		}
+	})
+	if s.events != nil {
+		s.bg.Go(func() { s.probeKeepAlive(tm) })
+	}
+}
+
+// probeKeepAlive measures the keep-alive of the term tm for the observers:
+// every TTL/3 it renews the lease once more itself, and reports the round
+// trip and the margin the lease had left, counted from the last
+// acknowledgement on the term's keep-alive stream. It does not move that
+// clock: Done and the end of the term both count from the stream's
+// acknowledgements, so an observed Session warns as early as one that is
+// not.
+func (s *Session) probeKeepAlive(tm *leaseTerm) {
+	ctx := tm.ctx()
+	interval := tm.ttl / 3
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		last := time.Unix(0, tm.lastAck.Load())
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, interval)
+		_, err := s.client.KeepAliveOnce(rctx, tm.id)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		e := Event{Kind: KeptAlive, Time: now, Lease: tm.id, RTT: now.Sub(start), Margin: last.Add(tm.ttl).Sub(now), TTL: tm.ttl, Err: err}
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			tm.Gone()
+		}
+		s.events.emit(e)
+	}
+}
+
+// uniqueKey returns a new key under pfx for one hold on the lease of tm:
+// <lease ID in hex>-<number>.
+func (s *Session) uniqueKey(tm *leaseTerm, pfx string) string {
+	return fmt.Sprintf("%s%x-%x", pfx, tm.id, s.seq.Add(1))
 }

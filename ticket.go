@@ -38,25 +38,25 @@ type ticket struct {
 
 // newTicket returns a ticket for key, put with the lease of tm, with value,
 // in the queue of the lock name, of kind kind (KindMutex...), under rule r.
-func (tm *leaseTerm) newTicket(name string, kind Kind, r *queue.Rule, key, value string) *ticket {
-	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value, tm.marker(name)), s: tm.s, term: tm, lock: name, kind: kind}
+func (s *Session) newTicket(tm *leaseTerm, name string, kind Kind, r *queue.Rule, key, value string) *ticket {
+	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value, s.marker(tm, name)), s: s, term: tm, lock: name, kind: kind}
 }
 
 // newGroupTicket returns one ticket for the Mutex keys of names (sorted),
 // with the lease of tm, in the queues of rules (one per name): a
 // MultiMutex's acquisition.
-func (tm *leaseTerm) newGroupTicket(names []string, rules []*queue.Rule) *ticket {
+func (s *Session) newGroupTicket(tm *leaseTerm, names []string, rules []*queue.Rule) *ticket {
 	slots := make([]queue.Slot, len(names))
 	for i, name := range names {
-		slots[i] = queue.Slot{Rule: rules[i], Key: fmt.Sprintf("%s/%x", name, tm.id), Value: tm.s.identity}
+		slots[i] = queue.Slot{Rule: rules[i], Key: fmt.Sprintf("%s/%x", name, tm.id), Value: s.identity}
 	}
-	return &ticket{Ticket: queue.NewGroup(tm.conn, tm.marker(names[0]), slots...), s: tm.s, term: tm, lock: strings.Join(names, ","), kind: KindMulti}
+	return &ticket{Ticket: queue.NewGroup(tm.conn, s.marker(tm, names[0]), slots...), s: s, term: tm, lock: strings.Join(names, ","), kind: KindMulti}
 }
 
 // marker returns a new marker key for a ticket of the lock name, with the
 // lease of tm: outside every lock's prefix, and of that ticket alone.
-func (tm *leaseTerm) marker(name string) string {
-	return fmt.Sprintf("%s\x00etcdlock/%x-%x", name, tm.id, tm.s.seq.Add(1))
+func (s *Session) marker(tm *leaseTerm, name string) string {
+	return fmt.Sprintf("%s\x00etcdlock/%x-%x", name, tm.id, s.seq.Add(1))
 }
 
 // abort removes our key after a failed acquisition, if it may be in etcd, on
