@@ -17,6 +17,7 @@ import (
 )
 
 func TestD11SameTxnNestedKey(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -111,6 +112,7 @@ func TestD11NestedNames(t *testing.T) {
 // ours, upstream's (which is what `etcdctl lock` runs) and etcd's v3lock
 // gRPC service on the same name.
 func TestD11SameNameExcludes(t *testing.T) {
+	t.Parallel()
 	_, local := startServer(t)
 	child := v3lockServer(t)
 

@@ -23,6 +23,7 @@ import (
 
 // D1: two handles for the same name on one Session are one lock.
 func TestD1SameNameOneSession(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 
 	// scenario locks a in this goroutine, then b in another one with a
@@ -78,6 +79,7 @@ func TestD1SameNameOneSession(t *testing.T) {
 
 // D2: reentrancy. The holder locks twice and unlocks once: it still holds.
 func TestD2Reentrancy(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 
 	// scenario locks holder twice and unlocks it once, then starts other,
@@ -137,6 +139,7 @@ func TestD2Reentrancy(t *testing.T) {
 // primitive of the family, at every point of an acquisition:
 // TestFamilyCancelAfterApply.
 func TestD3CancelAfterApply(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
@@ -256,6 +259,7 @@ func TestD5TryLockWrites(t *testing.T) {
 
 // D6: an unlock is fenced on the create revision of the hold it ends.
 func TestD6FencedUnlock(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 
 	// scenario: a locks; its key is deleted by someone else; b, another

@@ -22,6 +22,7 @@ import (
 // D4: a contended waiter's watch starts synced: from now, or ahead of the
 // store, never from a revision etcd already has.
 func TestD4SyncedWatch(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	rec := &watchRecorder{rev: func() int64 {
 		// Called on clientv3's goroutine: no t.Fatal here.
@@ -127,6 +128,7 @@ func TestD4SyncedWatch(t *testing.T) {
 // D8: a waiter whose own session ends returns ErrSessionExpired promptly,
 // not when the holder leaves.
 func TestD8WaiterSessionRevoked(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	admin := startClient(t, client)
 	var fault txnFault
@@ -300,6 +302,7 @@ func (l *serverLease) poll(t *testing.T, client *clientv3.Client) bool {
 // run out on the server since its last renewal, so the lease may already be
 // gone.
 func TestDoneBeforeLeaseExpiry(t *testing.T) {
+	t.Parallel()
 	const ttl = 2 * time.Second
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()

@@ -175,6 +175,7 @@ func TestDoneLeaseRevoked(t *testing.T) {
 // time makes a longer gap; Done may then close, and the test says so
 // without failing.
 func TestDoneStaysOpen(t *testing.T) {
+	t.Parallel()
 	for _, ttl := range []time.Duration{2 * time.Second, 3 * time.Second} {
 		t.Run(ttl.String(), func(t *testing.T) {
 			t.Parallel()

@@ -77,6 +77,7 @@ func (w *laggingWatch) SendMsg(m any) error {
 // never report that earlier leader, nor nobody, while the current one leads;
 // and it still sees the next change.
 func TestObserveLaggingWatch(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

@@ -143,6 +143,7 @@ func sameAsInspect(t *testing.T, ctx context.Context, client *clientv3.Client, n
 // was (a nested lock's key, a Semaphore's wake-up); a queue sent is the
 // receiver's to change; no write; bad input gives a closed channel.
 func TestObserve(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	as := func(id string) *etcdlock.Session { return newSession(t, client, etcdlock.WithIdentity(id)) }
@@ -393,6 +394,7 @@ func TestLeaderOf(t *testing.T) {
 // its lease), a leader that stops. Observe, beside it, shows the same
 // holders.
 func TestObserveLeaderFailover(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	client := srv.Client(t)
 	ctx := testContext(t)
@@ -549,6 +551,7 @@ func handOver(t *testing.T, ctx context.Context, client *clientv3.Client, name s
 // again and watches from there: it sends the queue as it is, then each
 // later change within 1 s, sooner than its periodic re-read.
 func TestObserveCompaction(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()
@@ -585,6 +588,7 @@ func TestObserveCompaction(t *testing.T) {
 // its watch); each change made while the member is down is sent within the
 // bound.
 func TestObserveMemberStopped(t *testing.T) {
+	t.Parallel()
 	cluster := etcdtest.StartCluster(t, 3)
 	client := cluster.Client(t)
 	observer := cluster.Client(t)
@@ -610,6 +614,7 @@ func TestObserveMemberStopped(t *testing.T) {
 // TestObserveLostEvent: a watch event that etcd loses (etcd #17529 and
 // others) delays the change by at most the re-read interval.
 func TestObserveLostEvent(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	var d eventDropper
 	wc := interceptedClient(t, srv.Endpoints(), nil, d.intercept)
@@ -638,6 +643,7 @@ func TestObserveLostEvent(t *testing.T) {
 // goroutine of it is left. Nothing is sent while etcd is unreachable, and
 // the queue once it is back.
 func TestObserveEnds(t *testing.T) {
+	// Not parallel: it counts Observe's goroutines in the whole process.
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()

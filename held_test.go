@@ -52,6 +52,7 @@ func checkEnded(t *testing.T, client *clientv3.Client, who string, h etcdlock.He
 }
 
 func TestMutexHeld(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -115,6 +116,7 @@ func TestMutexHeld(t *testing.T) {
 }
 
 func TestRWMutexHeld(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

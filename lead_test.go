@@ -143,6 +143,7 @@ func (c *candidate) stop(t *testing.T) error {
 // context cancels its f, waits for it, releases, and a backup leads; f's
 // own error ends Lead with it; bad input gets an error.
 func TestLead(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -206,6 +207,7 @@ func TestLead(t *testing.T) {
 // dies is replaced within the TTL; a change of etcd's own leader never gives
 // two leaders at once.
 func TestLeadFailover(t *testing.T) {
+	t.Parallel()
 	cluster := etcdtest.StartCluster(t, 3)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -337,6 +339,7 @@ func TestLeadPanicClosesSession(t *testing.T) {
 // spin against etcd: Lead backs off between terms (50 ms, doubling to 1 s:
 // at most 5 terms in a second), so fewer than 20 terms start in one second.
 func TestLeadPacesShortTerms(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	name := lockName(t)
 	const bound = 20
@@ -365,6 +368,7 @@ func TestLeadPacesShortTerms(t *testing.T) {
 // SessionFailed, so that a wrong endpoint does not look like a backup that
 // is never elected. Once etcd is back, Lead leads.
 func TestLeadReportsSessionFailures(t *testing.T) {
+	t.Parallel()
 	_, proxied, proxy := startProxied(t)
 	name := lockName(t)
 	proxy.Blackhole()

@@ -81,6 +81,7 @@ func TestTokensIncrease(t *testing.T) {
 // TestMutualExclusionAcrossSessions: several sessions, several goroutines
 // each, one counter read and written inside the lock.
 func TestMutualExclusionAcrossSessions(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -170,6 +171,7 @@ func TestFIFOAcrossSessions(t *testing.T) {
 // etcd) still gets the lock, within a TTL of the delete: it reads its place
 // again at least once per TTL.
 func TestLostWatchEvent(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	var d eventDropper
 	rec := &watchRecorder{rev: func() int64 { return 0 }}
@@ -206,6 +208,7 @@ func TestLostWatchEvent(t *testing.T) {
 }
 
 func TestTryLock(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -248,6 +251,7 @@ func TestTryLock(t *testing.T) {
 // false from TryLock, a panic naming the context method from Lock and Unlock,
 // and writes nothing to etcd.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	good := newSession(t, client)
 	closed, err := etcdlock.NewSession(client)
@@ -406,6 +410,7 @@ func TestIsOwner(t *testing.T) {
 // same Txn: then it queues again with a new key, and its token is that
 // key's.
 func TestWaiterKeyDeletedWithHolder(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	for _, sameTxn := range []bool{false, true} {
@@ -462,6 +467,7 @@ func TestWaiterKeyDeletedWithHolder(t *testing.T) {
 // us goes, whether our reads saw it (the newest keys ahead) or not (further
 // ahead).
 func TestWaiterSkipsGoneKeys(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

@@ -61,6 +61,7 @@ func ended(lock string, o etcdlock.Outcome) func(etcdlock.Event) bool {
 // TestObserverEvents: every kind of event, with its fields, for each
 // primitive.
 func TestObserverEvents(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	var log eventLog
@@ -182,6 +183,7 @@ func TestObserverEvents(t *testing.T) {
 // TestObserverLossReasons: HoldLost says why the hold was lost, for each
 // way of losing it.
 func TestObserverLossReasons(t *testing.T) {
+	t.Parallel()
 	healthy, proxied, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	ctx := testContext(t)
@@ -259,6 +261,7 @@ func (o *blockingObserver) Observe(e etcdlock.Event) {
 // TestObserverNeverBlocks: an Observer that does not return delays no lock
 // call; the events it could not take are dropped, and counted.
 func TestObserverNeverBlocks(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	o := &blockingObserver{release: make(chan struct{})}

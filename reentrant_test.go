@@ -21,6 +21,7 @@ import (
 )
 
 func TestReentrant(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -78,6 +79,7 @@ func TestReentrant(t *testing.T) {
 // TestGoroutinesOfOneProcess runs many goroutines on one Session and lock:
 // they exclude each other, and the process never has more than one key.
 func TestGoroutinesOfOneProcess(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)

@@ -66,6 +66,7 @@ func release(t *testing.T, p *etcdlock.Permit) {
 // TestSemaphoreLimit: holders of many sessions never exceed the limit, and
 // do reach it; each holder's key is, in etcd, among the limit oldest.
 func TestSemaphoreLimit(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -122,6 +123,7 @@ func hasKey(kvs []*mvccpb.KeyValue, key string) bool {
 // InterProcessSemaphore leaves that permit idle until a leaves, since c
 // watches a), and a leaving then admits d.
 func TestSemaphoreNoStrandedPermit(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -152,6 +154,7 @@ func TestSemaphoreNoStrandedPermit(t *testing.T) {
 
 // TestSemaphoreFIFO: waiters are admitted in the order they queued.
 func TestSemaphoreFIFO(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -188,6 +191,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 // TestSemaphoreNoHerd: with 20 waiters, a release wakes the head waiter and
 // at most one more (the next in line, told by the admitted one), not all 20.
 func TestSemaphoreNoHerd(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -263,6 +267,7 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 // keep-alives stop) gives its permit back when its lease expires, within
 // the TTL.
 func TestSemaphoreCrashedHolder(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -294,6 +299,7 @@ func TestSemaphoreCrashedHolder(t *testing.T) {
 
 // TestPermit: a permit's key, token and guard while held; released once.
 func TestPermit(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

@@ -187,6 +187,7 @@ func TestSessionWithContextCancel(t *testing.T) {
 // TestSessionRevokedElsewhere: the lease revoked by another client ends the
 // Session within TTL/3 + 1 s (asserted: twice that).
 func TestSessionRevokedElsewhere(t *testing.T) {
+	t.Parallel()
 	const ttl = 3 * time.Second
 	_, client := startServer(t)
 	ctx := testContext(t)

@@ -179,6 +179,7 @@ func TestCloseWithOpenStreams(t *testing.T) {
 }
 
 func TestTLS(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.WithTLS())
 	ep := srv.Endpoints()[0]
 	if !strings.HasPrefix(ep, "https://127.0.0.1:") {
@@ -209,6 +210,7 @@ func TestTLS(t *testing.T) {
 }
 
 func TestClientCertAuth(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.WithClientCertAuth())
 	put(t, srv.Client(t), t.Name(), "v")
 
@@ -225,6 +227,7 @@ func TestClientCertAuth(t *testing.T) {
 }
 
 func TestProxiedClientBlackhole(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	if got, want := p.Endpoints(), srv.Endpoints(); len(got) != 1 || slices.Equal(got, want) {
@@ -248,6 +251,7 @@ func TestProxiedClientBlackhole(t *testing.T) {
 }
 
 func TestProxiedClientDelay(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	put(t, c, t.Name(), "v")
@@ -268,6 +272,7 @@ func TestProxiedClientDelay(t *testing.T) {
 }
 
 func TestProxiedClientPause(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	put(t, c, t.Name(), "v")
@@ -295,6 +300,7 @@ func TestProxiedClientTLS(t *testing.T) {
 }
 
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	if got := c.Members(); got != 3 {
 		t.Fatalf("members: got %d, want 3", got)
@@ -341,6 +347,7 @@ func TestCluster(t *testing.T) {
 }
 
 func TestClusterQuorumLoss(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	cli := c.Client(t)
 	put(t, cli, t.Name(), "v")
@@ -365,6 +372,7 @@ func TestClusterQuorumLoss(t *testing.T) {
 // stream ends as it would on a dropped connection, and the watch resumes,
 // without losing events, once the member is back.
 func TestClusterWatchSurvivesStop(t *testing.T) {
+	t.Parallel()
 	embeddedOnly(t) // its watch is outside the prefix of c's clients there
 	c := etcdtest.StartCluster(t, 3)
 	w := singleClient(t, c.Endpoints()[0], nil)
@@ -390,6 +398,7 @@ func TestClusterWatchSurvivesStop(t *testing.T) {
 }
 
 func TestClusterProxiedClient(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	cli, p := c.ProxiedClient(t)
 	if got := len(p.Endpoints()); got != 3 {
@@ -408,6 +417,7 @@ func TestClusterProxiedClient(t *testing.T) {
 }
 
 func TestClusterTLS(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3, etcdtest.WithClientCertAuth())
 	for _, ep := range c.Endpoints() {
 		if !strings.HasPrefix(ep, "https://127.0.0.1:") {
@@ -532,6 +542,7 @@ func TestWithFsync(t *testing.T) {
 }
 
 func TestNewProxiedClient(t *testing.T) {
+	t.Parallel()
 	srv, err := etcdtest.New()
 	if err != nil {
 		t.Fatalf("New: got %v, want nil", err)
@@ -564,6 +575,7 @@ func TestNewProxiedClient(t *testing.T) {
 // reads still running, which crashes the whole process unless Kill lets
 // them finish first (unanswered, as a crash leaves them). etcd #17223.
 func TestClusterKillUnderReads(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	const victim = 0
 	ctx, cancel := context.WithCancel(context.Background())

@@ -94,6 +94,7 @@ func TestExampleStart(t *testing.T) {
 }
 
 func TestExampleProxiedClient(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, proxy := srv.ProxiedClient(t)
 
@@ -114,6 +115,7 @@ func TestExampleProxiedClient(t *testing.T) {
 }
 
 func TestExampleStartCluster(t *testing.T) {
+	t.Parallel()
 	cluster := etcdtest.StartCluster(t, 3)
 	cli := cluster.Client(t)
 

@@ -68,6 +68,7 @@ func TestDemo(t *testing.T) {
 }
 
 func TestDemoExternalEtcd(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	checkDemoOutput(t, runCLI(t, nil, "demo", "--endpoints", srv.Endpoints()[0], "--workers", "5", "--rounds", "3"))
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)

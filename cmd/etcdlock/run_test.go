@@ -22,6 +22,7 @@ import (
 )
 
 func TestRunNoOverlap(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -67,6 +68,7 @@ func TestRunNoOverlap(t *testing.T) {
 }
 
 func TestRunExitStatus(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	notExec := filepath.Join(t.TempDir(), "not-executable")
@@ -96,6 +98,7 @@ func TestRunExitStatus(t *testing.T) {
 }
 
 func TestRunBusy(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -138,6 +141,7 @@ func TestRunBusy(t *testing.T) {
 // it: its exit status (-E), silence on request (-q), and otherwise a message
 // that names the holder.
 func TestRunBusyFlock(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -232,6 +236,7 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 // TestRunIgnoredSignal: a signal ignored when etcdlock starts, as under
 // nohup, does not stop its wait.
 func TestRunIgnoredSignal(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -276,6 +281,7 @@ func TestRunSignalForwarded(t *testing.T) {
 }
 
 func TestRunLockLost(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	revoke := func(ctx context.Context, k *keyInfo) error {
@@ -342,6 +348,7 @@ func TestRunLockLost(t *testing.T) {
 // stopped before etcd expires the lease, so before anyone else can get the
 // lock.
 func TestRunKeepAliveSilence(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	_, proxy := srv.ProxiedClient(t)
@@ -376,6 +383,7 @@ func TestRunKeepAliveSilence(t *testing.T) {
 // SIGTERM, and its child, are gone before etcd can expire the lease once
 // etcdlock is cut off from etcd.
 func TestRunDefaultsKillBeforeExpiry(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	_, proxy := srv.ProxiedClient(t)
@@ -475,6 +483,7 @@ func readPIDs(t *testing.T, path string) (first, second int) {
 }
 
 func TestRunTLS(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.WithTLS(), etcdtest.WithClientCertAuth())
 	files := srv.TLS()
 	ep := srv.Endpoints()[0]
@@ -503,6 +512,7 @@ func TestRunTLS(t *testing.T) {
 }
 
 func TestRunUnreachable(t *testing.T) {
+	t.Parallel()
 	ep := closedPort(t)
 	const secret = "unreachable-S3CRET"
 	for _, args := range [][]string{
@@ -528,6 +538,7 @@ func TestRunUnreachable(t *testing.T) {
 // TestRunUnreachableSaysWhy: a refused connection and an unknown host are
 // said as such, long before the dial timeout.
 func TestRunUnreachableSaysWhy(t *testing.T) {
+	t.Parallel()
 	refused := closedPort(t)
 	for _, tc := range []struct {
 		name, ep, want string
@@ -555,6 +566,7 @@ func TestRunUnreachableSaysWhy(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	const password = "auth-S3CRET-pw"
