@@ -300,7 +300,6 @@ func TestProxiedClientTLS(t *testing.T) {
 }
 
 func TestCluster(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	if got := c.Members(); got != 3 {
 		t.Fatalf("members: got %d, want 3", got)
@@ -347,7 +346,6 @@ func TestCluster(t *testing.T) {
 }
 
 func TestClusterQuorumLoss(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	cli := c.Client(t)
 	put(t, cli, t.Name(), "v")
@@ -372,7 +370,6 @@ func TestClusterQuorumLoss(t *testing.T) {
 // stream ends as it would on a dropped connection, and the watch resumes,
 // without losing events, once the member is back.
 func TestClusterWatchSurvivesStop(t *testing.T) {
-	t.Parallel()
 	embeddedOnly(t) // its watch is outside the prefix of c's clients there
 	c := etcdtest.StartCluster(t, 3)
 	w := singleClient(t, c.Endpoints()[0], nil)
@@ -398,7 +395,6 @@ func TestClusterWatchSurvivesStop(t *testing.T) {
 }
 
 func TestClusterProxiedClient(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	cli, p := c.ProxiedClient(t)
 	if got := len(p.Endpoints()); got != 3 {
@@ -417,7 +413,6 @@ func TestClusterProxiedClient(t *testing.T) {
 }
 
 func TestClusterTLS(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3, etcdtest.WithClientCertAuth())
 	for _, ep := range c.Endpoints() {
 		if !strings.HasPrefix(ep, "https://127.0.0.1:") {
@@ -575,7 +570,6 @@ func TestNewProxiedClient(t *testing.T) {
 // reads still running, which crashes the whole process unless Kill lets
 // them finish first (unanswered, as a crash leaves them). etcd #17223.
 func TestClusterKillUnderReads(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	const victim = 0
 	ctx, cancel := context.WithCancel(context.Background())

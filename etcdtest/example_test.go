@@ -115,7 +115,6 @@ func TestExampleProxiedClient(t *testing.T) {
 }
 
 func TestExampleStartCluster(t *testing.T) {
-	t.Parallel()
 	cluster := etcdtest.StartCluster(t, 3)
 	cli := cluster.Client(t)
 

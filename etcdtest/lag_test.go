@@ -32,7 +32,6 @@ func serializableRev(t *testing.T, cli *clientv3.Client, key string) (int64, str
 // revision, and once it catches up it has every write and the watch gets
 // every event, in order.
 func TestClusterLag(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	lead := c.Leader()
 	if lead < 0 {
@@ -113,7 +112,6 @@ func TestClusterLag(t *testing.T) {
 // TestClusterCloseWhileLagging closes a cluster whose follower lags with
 // messages held for it: Close drops them, and goleak finds nothing left.
 func TestClusterCloseWhileLagging(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	lagging := (c.Leader() + 1) % 3
 	c.Lag(lagging)
@@ -127,7 +125,6 @@ func TestClusterCloseWhileLagging(t *testing.T) {
 // TestClusterRestartLagging: a lag outlives Stop, and Restart refuses a
 // member that lags, which could never become ready.
 func TestClusterRestartLagging(t *testing.T) {
-	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	lagging := (c.Leader() + 1) % 3
 	c.Lag(lagging)
