@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(v3lockServerEnv) == "1" {
 		runV3lockServer()
 	}
-	testflags.ShortParallel(8)              // the parallel tests mostly wait for leases and timers
+	testflags.ShortParallel(16)             // the parallel tests mostly wait for leases and timers
 	goleak.VerifyTestMain(etcdtest.Main(m)) // etcdtest.Main stops the server of namespace_test.go
 }
 

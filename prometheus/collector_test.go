@@ -22,6 +22,7 @@ import (
 // primitive, a loss and the release of the lost hold against a real etcd,
 // then scrapes the registry: every count exactly, every duration above 0.
 func TestCollector(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	client := srv.Client(t)
 	ctx := testContext(t)
@@ -392,6 +393,7 @@ func TestEventsDropped(t *testing.T) {
 // TestKeepAliveSilent cuts the client off from etcd while a lock is held:
 // renewals fail, the margin shrinks, and the hold is lost for silence.
 func TestKeepAliveSilent(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	client, proxy := srv.ProxiedClient(t)
 	ctx := testContext(t)
