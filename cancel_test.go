@@ -304,7 +304,6 @@ func TestCancelRandom(t *testing.T) {
 // concurrency.Mutex leave their key behind after a cancel that strikes once
 // etcd applied the put.
 func TestCancelRandomUpstream(t *testing.T) {
-	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

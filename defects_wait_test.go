@@ -22,7 +22,6 @@ import (
 // D4: a contended waiter's watch starts synced: from now, or ahead of the
 // store, never from a revision etcd already has.
 func TestD4SyncedWatch(t *testing.T) {
-	t.Parallel()
 	srv, client := startServer(t)
 	rec := &watchRecorder{rev: func() int64 {
 		// Called on clientv3's goroutine: no t.Fatal here.
@@ -302,7 +301,6 @@ func (l *serverLease) poll(t *testing.T, client *clientv3.Client) bool {
 // run out on the server since its last renewal, so the lease may already be
 // gone.
 func TestDoneBeforeLeaseExpiry(t *testing.T) {
-	t.Parallel()
 	const ttl = 2 * time.Second
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
