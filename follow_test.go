@@ -1,10 +1,11 @@
 package etcdlock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -643,7 +644,8 @@ func TestObserveLostEvent(t *testing.T) {
 // goroutine of it is left. Nothing is sent while etcd is unreachable, and
 // the queue once it is back.
 func TestObserveEnds(t *testing.T) {
-	// Not parallel: it counts Observe's goroutines in the whole process.
+	t.Parallel()
+	labelGoroutines(t) // followers counts the Observe goroutines of this test
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()
@@ -652,6 +654,9 @@ func TestObserveEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	q := record(etcdlock.Observe(ctx, client, name))
 	q.wait(t, "the first queue", 0, queueIs(""))
+	if n := followers(t); n != 1 {
+		t.Errorf("goroutines of Observe while it runs: got %d, want 1 (else the counts below prove nothing)", n)
+	}
 	at := time.Now()
 	cancel()
 	q.closes(t, "Observe watching", at, time.Second)
@@ -664,7 +669,7 @@ func TestObserveEnds(t *testing.T) {
 	cancel()
 	l := record(ch)
 	l.closes(t, "ObserveLeader not received from", at, time.Second)
-	if n := followers(); n != 0 {
+	if n := followers(t); n != 0 {
 		t.Errorf("goroutines of Observe after its ctx ended: got %d, want 0", n)
 	}
 
@@ -687,27 +692,43 @@ func TestObserveEnds(t *testing.T) {
 	// clientv3 keeps a watch stream it could not open until the client
 	// closes (goleak, in TestMain, sees them all gone): only Observe's own
 	// goroutines are counted.
-	if n := followers(); n != 0 {
+	if n := followers(t); n != 0 {
 		t.Errorf("goroutines of Observe after its ctx ended: got %d, want 0", n)
 	}
 }
 
-// followers returns how many goroutines run Observe's code.
-func followers() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
+// followers returns how many goroutines run Observe's code among those
+// labelled by followerLabels: the test's own, so that tests running in
+// parallel do not count each other's.
+func followers(t *testing.T) int {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
+		t.Fatalf("goroutine profile: %v", err)
 	}
+	label := fmt.Sprintf("%q:%q", followerLabel, t.Name())
 	n := 0
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "etcdlock.(*follower[") {
-			n++
+	// Records of goroutines with one stack and one set of labels, each
+	// "count @ pcs", "# labels: {...}", then the frames.
+	for rec := range strings.SplitSeq(buf.String(), "\n\n") {
+		if !strings.Contains(rec, "etcdlock.(*follower[") || !strings.Contains(rec, label) {
+			continue
 		}
+		var count int
+		if _, err := fmt.Sscanf(rec, "%d @", &count); err != nil {
+			t.Fatalf("goroutine profile: record %q: %v", rec, err)
+		}
+		n += count
 	}
 	return n
+}
+
+// followerLabel is the profiler label that marks the goroutines a test
+// starts (Observe's among them), with the test's name: see followers.
+const followerLabel = "etcdlock-test"
+
+// labelGoroutines labels the test's goroutine, and so those it starts, with
+// the test's name.
+func labelGoroutines(t *testing.T) {
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels(followerLabel, t.Name())))
 }
