@@ -654,8 +654,8 @@ func TestObserveEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	q := record(etcdlock.Observe(ctx, client, name))
 	q.wait(t, "the first queue", 0, queueIs(""))
-	if n := followers(t); n != 1 {
-		t.Errorf("goroutines of Observe while it runs: got %d, want 1 (else the counts below prove nothing)", n)
+	if n := followers(t); n < 1 {
+		t.Errorf("goroutines of Observe while it runs: got %d, want some (else the counts below prove nothing)", n)
 	}
 	at := time.Now()
 	cancel()
