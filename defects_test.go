@@ -211,6 +211,7 @@ func TestD3CancelAfterApply(t *testing.T) {
 
 // D5: a TryLock that finds another holder writes nothing.
 func TestD5TryLockWrites(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 
@@ -342,6 +343,7 @@ func TestD6FencedUnlock(t *testing.T) {
 // direct or retried in the background, never deletes a newer key of the
 // same name; fenced on the right one, it does.
 func TestD6StaleRelease(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	s := newSession(t, client)

@@ -11,6 +11,7 @@ import (
 )
 
 func TestDoneNotHeld(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -41,6 +42,7 @@ func TestDoneNotHeld(t *testing.T) {
 }
 
 func TestDonePerHold(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -92,6 +94,7 @@ func TestDonePerHold(t *testing.T) {
 // 2 s, and ends that hold only: the Session, its other locks and new holds
 // go on.
 func TestDoneKeyDeleted(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	other := srv.Client(t)
 	ctx := testContext(t)
@@ -145,6 +148,7 @@ func TestDoneKeyDeleted(t *testing.T) {
 }
 
 func TestDoneLeaseRevoked(t *testing.T) {
+	t.Parallel()
 	srv, client := startServer(t)
 	other := srv.Client(t)
 	ctx := testContext(t)

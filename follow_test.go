@@ -277,6 +277,7 @@ func (l rwWriter) Key() string                               { return l.rw.Key()
 // TestInspectAt: the revision InspectAt returns is that of its read: a
 // watch from the next one sees the next change first.
 func TestInspectAt(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -313,6 +314,7 @@ func TestInspectAt(t *testing.T) {
 // leader), or ErrNoLeader, also when only an RWMutex or a Semaphore holds
 // the name; one read, no write; bad input gives an error.
 func TestLeaderOf(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

@@ -274,6 +274,7 @@ func TestLeadFailover(t *testing.T) {
 // lease while f runs) with ErrInvalidArgument and a message that names the
 // option, before it runs f, writing nothing and leaving the lease alone.
 func TestLeadRefusesSessionOptions(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -310,6 +311,7 @@ func TestLeadRefusesSessionOptions(t *testing.T) {
 // has released the lock and closed its Session: its lease is revoked, and
 // no key is left under the name.
 func TestLeadPanicClosesSession(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

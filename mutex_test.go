@@ -19,6 +19,7 @@ import (
 )
 
 func TestLockUnlock(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -57,6 +58,7 @@ func TestLockUnlock(t *testing.T) {
 }
 
 func TestTokensIncrease(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -128,6 +130,7 @@ func TestMutualExclusionAcrossSessions(t *testing.T) {
 }
 
 func TestFIFOAcrossSessions(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -326,6 +329,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestUnlockNotHeld(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -352,6 +356,7 @@ func TestUnlockNotHeld(t *testing.T) {
 // TestUnlockLost: the key deleted under the holder; UnlockContext ends the
 // hold and reports the loss.
 func TestUnlockLost(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -375,6 +380,7 @@ func TestUnlockLost(t *testing.T) {
 // TestIsOwner: a Txn guarded by IsOwner succeeds while held and fails once
 // the hold ended, even after the process locks again.
 func TestIsOwner(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))

@@ -331,6 +331,7 @@ func (h *recordHandler) find(msg string) []string {
 // TestWithLogger: a loss logs at Warn with the lock's name, key and token;
 // acquisitions at Debug; the Session's identity is never logged.
 func TestWithLogger(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	var h recordHandler
@@ -379,6 +380,7 @@ func TestWithLogger(t *testing.T) {
 // never closed, stops as Close stops it: its observers get SessionClosed and
 // its delivery goroutine ends (goleak checks that at the end of the tests).
 func TestObserverWithContextEnd(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	sctx, cancel := context.WithCancel(testContext(t))
 	log := &eventLog{}
@@ -415,6 +417,7 @@ func (o *closingObserver) Observe(e etcdlock.Event) {
 // after it, and delivery goes on after the Observer returns, to
 // SessionClosed.
 func TestObserverMayClose(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	const bound = 5 * time.Second
 	for _, tc := range []struct {

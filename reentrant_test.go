@@ -150,6 +150,7 @@ func TestGoroutinesOfOneProcess(t *testing.T) {
 // TestTryLockLocalHolder: a goroutine of the same process holding the lock
 // makes TryLock fail without a round trip.
 func TestTryLockLocalHolder(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -173,6 +174,7 @@ func TestTryLockLocalHolder(t *testing.T) {
 // goroutines of the process without etcd writes and with the same token, at
 // most n times in a row; then the key goes back to etcd's queue.
 func TestLocalHandoff(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	const n = 3
 	s := newSession(t, client, etcdlock.WithLocalHandoff(n))
@@ -229,6 +231,7 @@ func TestLocalHandoff(t *testing.T) {
 // TestLocalHandoffDoesNotStarveOthers: another process waiting gets the lock
 // after at most n+1 local holds.
 func TestLocalHandoffDoesNotStarveOthers(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	const n = 2
 	s := newSession(t, client, etcdlock.WithLocalHandoff(n))

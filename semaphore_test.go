@@ -231,6 +231,7 @@ func TestSemaphoreNoHerd(t *testing.T) {
 // TestSemaphoreLimitMismatch: a holder with another limit, or a Mutex's key
 // on the name, gives ErrLimitMismatch, and no key is left.
 func TestSemaphoreLimitMismatch(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

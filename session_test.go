@@ -14,6 +14,7 @@ import (
 )
 
 func TestSessionTTLRoundsUp(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithTTL(1500*time.Millisecond))
 	if got, want := s.TTL(), 2*time.Second; got != want {
@@ -32,6 +33,7 @@ func TestSessionTTLRoundsUp(t *testing.T) {
 }
 
 func TestSessionDefaultTTL(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	s := newSession(t, client)
 	if got := s.TTL(); got != etcdlock.DefaultTTL {
@@ -40,6 +42,7 @@ func TestSessionDefaultTTL(t *testing.T) {
 }
 
 func TestNewSessionBadInput(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -86,6 +89,7 @@ func TestNewSessionBadInput(t *testing.T) {
 }
 
 func TestSessionWithLease(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	grant, err := client.Grant(ctx, 30)
@@ -124,6 +128,7 @@ func TestSessionWithLease(t *testing.T) {
 }
 
 func TestSessionClose(t *testing.T) {
+	t.Parallel()
 	_, client := startServer(t)
 	ctx := testContext(t)
 	s := newSession(t, client)
