@@ -19,11 +19,12 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // D1: two handles for the same name on one Session are one lock.
 func TestD1SameNameOneSession(t *testing.T) {
-	t.Parallel()
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 
 	// scenario locks a in this goroutine, then b in another one with a
@@ -79,7 +80,7 @@ func TestD1SameNameOneSession(t *testing.T) {
 
 // D2: reentrancy. The holder locks twice and unlocks once: it still holds.
 func TestD2Reentrancy(t *testing.T) {
-	t.Parallel()
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 
 	// scenario locks holder twice and unlocks it once, then starts other,
@@ -139,7 +140,7 @@ func TestD2Reentrancy(t *testing.T) {
 // primitive of the family, at every point of an acquisition:
 // TestFamilyCancelAfterApply.
 func TestD3CancelAfterApply(t *testing.T) {
-	t.Parallel()
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
@@ -211,7 +212,7 @@ func TestD3CancelAfterApply(t *testing.T) {
 
 // D5: a TryLock that finds another holder writes nothing.
 func TestD5TryLockWrites(t *testing.T) {
-	t.Parallel()
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 
@@ -260,7 +261,7 @@ func TestD5TryLockWrites(t *testing.T) {
 
 // D6: an unlock is fenced on the create revision of the hold it ends.
 func TestD6FencedUnlock(t *testing.T) {
-	t.Parallel()
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 
 	// scenario: a locks; its key is deleted by someone else; b, another
@@ -343,7 +344,7 @@ func TestD6FencedUnlock(t *testing.T) {
 // direct or retried in the background, never deletes a newer key of the
 // same name; fenced on the right one, it does.
 func TestD6StaleRelease(t *testing.T) {
-	t.Parallel()
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	s := newSession(t, client)

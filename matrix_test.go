@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // The fault matrix: for every kind of lock, every etcd call the lock makes
@@ -33,7 +34,8 @@ import (
 //
 // Each case is named kind/call/fault. ETCDLOCK_MATRIX_LONG=1 runs the
 // sweep: every case at the first three occurrences of its call, three
-// times over.
+// times over. Under -short, each call and fault runs on one kind only
+// (shortMatrix).
 
 // matrixTTL is the actor's lease TTL: the bound of a stranded wait, and of
 // Done after keep-alives went silent.
@@ -102,7 +104,7 @@ func nthOf(c call) int {
 }
 
 func TestFaultMatrix(t *testing.T) {
-	t.Parallel()
+	testflags.ParallelShort(t)
 	srv, healthy := startServer(t)
 	rounds, nths := 1, []int{0}
 	if faultsFor(t, "ETCDLOCK_MATRIX_LONG", 0) > 0 {

@@ -32,3 +32,14 @@ func ShortParallel(n int) {
 		_ = flag.Set("test.parallel", strconv.Itoa(n))
 	}
 }
+
+// ParallelShort marks t as a parallel test under -short, and does nothing
+// otherwise: the full run (with -race in CI) keeps its tests one at a time,
+// as its fault runs, the race detector and the timing of fault injection
+// (the fault matrix's) want the CPU to themselves.
+func ParallelShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Parallel()
+	}
+}
