@@ -12,7 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
-	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // The fault matrix: for every kind of lock, every etcd call the lock makes
@@ -104,7 +103,8 @@ func nthOf(c call) int {
 }
 
 func TestFaultMatrix(t *testing.T) {
-	testflags.ParallelShort(t)
+	// Not parallel with other tests: its cases time their faults, and run
+	// 16 at a time already.
 	srv, healthy := startServer(t)
 	rounds, nths := 1, []int{0}
 	if faultsFor(t, "ETCDLOCK_MATRIX_LONG", 0) > 0 {
