@@ -19,9 +19,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 func TestLockContextCancelledWhileWaiting(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -183,6 +185,7 @@ func startContender(t *testing.T, ctx context.Context, l famLock, seed uint64) (
 // failed, yet whose key etcd had put, was cancelled after etcd applied the
 // Txn (mid-RPC, or while waiting) and had to clean up.
 func TestCancelRandom(t *testing.T) {
+	testflags.ParallelShort(t)
 	calls, ctx := 600, testContext(t)
 	if os.Getenv("ETCDLOCK_SOAK") == "1" {
 		calls = 10000
@@ -343,6 +346,7 @@ func TestCancelRandomUpstream(t *testing.T) {
 // An etcd error that comes as a TryLockFor's wait runs out is that error,
 // not "the wait ran out": (false, err), and nothing left behind.
 func TestTryLockForErrorAtWaitEnd(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)

@@ -14,9 +14,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 func TestD11SameTxnNestedKey(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -111,6 +113,7 @@ func TestD11NestedNames(t *testing.T) {
 // ours, upstream's (which is what `etcdctl lock` runs) and etcd's v3lock
 // gRPC service on the same name.
 func TestD11SameNameExcludes(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, local := startServer(t)
 	child := v3lockServer(t)
 

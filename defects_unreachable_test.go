@@ -18,11 +18,13 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // D7: cleanup is bounded while etcd is unreachable, and finishes once it is
 // back.
 func TestD7BoundedCleanup(t *testing.T) {
+	testflags.ParallelShort(t)
 	// proxied returns a client through a proxy of its own, with a watch
 	// recorder, so that a test can see when a waiter is waiting.
 	proxied := func(t *testing.T, srv *etcdtest.Server) (*clientv3.Client, *etcdtest.Proxy, *watchRecorder) {
@@ -33,6 +35,7 @@ func TestD7BoundedCleanup(t *testing.T) {
 	}
 
 	t.Run("ours", func(t *testing.T) {
+		testflags.ParallelShort(t)
 		srv, client := startServer(t)
 		pc, proxy, rec := proxied(t, srv)
 		// A long TTL: the lease outlives the outage, so keys that go were
@@ -104,6 +107,7 @@ func TestD7BoundedCleanup(t *testing.T) {
 	})
 
 	t.Run("upstream wait", func(t *testing.T) {
+		testflags.ParallelShort(t)
 		srv, client := startServer(t)
 		pc, proxy, rec := proxied(t, srv)
 		name := lockName(t)
@@ -141,6 +145,7 @@ func TestD7BoundedCleanup(t *testing.T) {
 	})
 
 	t.Run("upstream close", func(t *testing.T) {
+		testflags.ParallelShort(t)
 		srv, _ := startServer(t)
 		pc, proxy := srv.ProxiedClient(t)
 		t.Cleanup(proxy.Unblackhole)

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // D4: a contended waiter's watch starts synced: from now, or ahead of the
@@ -127,6 +128,7 @@ func TestD4SyncedWatch(t *testing.T) {
 // D8: a waiter whose own session ends returns ErrSessionExpired promptly,
 // not when the holder leaves.
 func TestD8WaiterSessionRevoked(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	admin := startClient(t, client)
 	var fault txnFault

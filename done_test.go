@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 func TestDoneNotHeld(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -41,6 +43,7 @@ func TestDoneNotHeld(t *testing.T) {
 }
 
 func TestDonePerHold(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -92,6 +95,7 @@ func TestDonePerHold(t *testing.T) {
 // 2 s, and ends that hold only: the Session, its other locks and new holds
 // go on.
 func TestDoneKeyDeleted(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	other := srv.Client(t)
 	ctx := testContext(t)
@@ -145,6 +149,7 @@ func TestDoneKeyDeleted(t *testing.T) {
 }
 
 func TestDoneLeaseRevoked(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	other := srv.Client(t)
 	ctx := testContext(t)
@@ -175,6 +180,7 @@ func TestDoneLeaseRevoked(t *testing.T) {
 // time makes a longer gap; Done may then close, and the test says so
 // without failing.
 func TestDoneStaysOpen(t *testing.T) {
+	testflags.ParallelShort(t)
 	for _, ttl := range []time.Duration{2 * time.Second, 3 * time.Second} {
 		t.Run(ttl.String(), func(t *testing.T) {
 			t.Parallel()

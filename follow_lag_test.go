@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // lagWatches is a stream interceptor that serves every watch with a start
@@ -77,6 +78,7 @@ func (w *laggingWatch) SendMsg(m any) error {
 // never report that earlier leader, nor nobody, while the current one leads;
 // and it still sees the next change.
 func TestObserveLaggingWatch(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

@@ -1,10 +1,11 @@
 package etcdlock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // followBound is how late a follower may learn of a change (the issue's
@@ -143,6 +145,7 @@ func sameAsInspect(t *testing.T, ctx context.Context, client *clientv3.Client, n
 // was (a nested lock's key, a Semaphore's wake-up); a queue sent is the
 // receiver's to change; no write; bad input gives a closed channel.
 func TestObserve(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	as := func(id string) *etcdlock.Session { return newSession(t, client, etcdlock.WithIdentity(id)) }
@@ -275,6 +278,7 @@ func (l rwWriter) Key() string                               { return l.rw.Key()
 // TestInspectAt: the revision InspectAt returns is that of its read: a
 // watch from the next one sees the next change first.
 func TestInspectAt(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -311,6 +315,7 @@ func TestInspectAt(t *testing.T) {
 // leader), or ErrNoLeader, also when only an RWMutex or a Semaphore holds
 // the name; one read, no write; bad input gives an error.
 func TestLeaderOf(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -393,6 +398,7 @@ func TestLeaderOf(t *testing.T) {
 // its lease), a leader that stops. Observe, beside it, shows the same
 // holders.
 func TestObserveLeaderFailover(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	client := srv.Client(t)
 	ctx := testContext(t)
@@ -549,6 +555,7 @@ func handOver(t *testing.T, ctx context.Context, client *clientv3.Client, name s
 // again and watches from there: it sends the queue as it is, then each
 // later change within 1 s, sooner than its periodic re-read.
 func TestObserveCompaction(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()
@@ -585,6 +592,7 @@ func TestObserveCompaction(t *testing.T) {
 // its watch); each change made while the member is down is sent within the
 // bound.
 func TestObserveMemberStopped(t *testing.T) {
+	testflags.ParallelShort(t)
 	cluster := etcdtest.StartCluster(t, 3)
 	client := cluster.Client(t)
 	observer := cluster.Client(t)
@@ -610,6 +618,7 @@ func TestObserveMemberStopped(t *testing.T) {
 // TestObserveLostEvent: a watch event that etcd loses (etcd #17529 and
 // others) delays the change by at most the re-read interval.
 func TestObserveLostEvent(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	var d eventDropper
 	wc := interceptedClient(t, srv.Endpoints(), nil, d.intercept)
@@ -638,6 +647,8 @@ func TestObserveLostEvent(t *testing.T) {
 // goroutine of it is left. Nothing is sent while etcd is unreachable, and
 // the queue once it is back.
 func TestObserveEnds(t *testing.T) {
+	testflags.ParallelShort(t)
+	labelGoroutines(t) // followers counts the Observe goroutines of this test
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()
@@ -646,6 +657,9 @@ func TestObserveEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	q := record(etcdlock.Observe(ctx, client, name))
 	q.wait(t, "the first queue", 0, queueIs(""))
+	if n := followers(t); n < 1 {
+		t.Errorf("goroutines of Observe while it runs: got %d, want some (else the counts below prove nothing)", n)
+	}
 	at := time.Now()
 	cancel()
 	q.closes(t, "Observe watching", at, time.Second)
@@ -658,7 +672,7 @@ func TestObserveEnds(t *testing.T) {
 	cancel()
 	l := record(ch)
 	l.closes(t, "ObserveLeader not received from", at, time.Second)
-	if n := followers(); n != 0 {
+	if n := followers(t); n != 0 {
 		t.Errorf("goroutines of Observe after its ctx ended: got %d, want 0", n)
 	}
 
@@ -681,27 +695,43 @@ func TestObserveEnds(t *testing.T) {
 	// clientv3 keeps a watch stream it could not open until the client
 	// closes (goleak, in TestMain, sees them all gone): only Observe's own
 	// goroutines are counted.
-	if n := followers(); n != 0 {
+	if n := followers(t); n != 0 {
 		t.Errorf("goroutines of Observe after its ctx ended: got %d, want 0", n)
 	}
 }
 
-// followers returns how many goroutines run Observe's code.
-func followers() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
+// followers returns how many goroutines run Observe's code among those
+// labelled by followerLabels: the test's own, so that tests running in
+// parallel do not count each other's.
+func followers(t *testing.T) int {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
+		t.Fatalf("goroutine profile: %v", err)
 	}
+	label := fmt.Sprintf("%q:%q", followerLabel, t.Name())
 	n := 0
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "etcdlock.(*follower[") {
-			n++
+	// Records of goroutines with one stack and one set of labels, each
+	// "count @ pcs", "# labels: {...}", then the frames.
+	for rec := range strings.SplitSeq(buf.String(), "\n\n") {
+		if !strings.Contains(rec, "etcdlock.(*follower[") || !strings.Contains(rec, label) {
+			continue
 		}
+		var count int
+		if _, err := fmt.Sscanf(rec, "%d @", &count); err != nil {
+			t.Fatalf("goroutine profile: record %q: %v", rec, err)
+		}
+		n += count
 	}
 	return n
+}
+
+// followerLabel is the profiler label that marks the goroutines a test
+// starts (Observe's among them), with the test's name: see followers.
+const followerLabel = "etcdlock-test"
+
+// labelGoroutines labels the test's goroutine, and so those it starts, with
+// the test's name.
+func labelGoroutines(t *testing.T) {
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels(followerLabel, t.Name())))
 }

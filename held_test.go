@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // Held: one snapshot of the calling goroutine's hold, judged in etcd.
@@ -52,6 +53,7 @@ func checkEnded(t *testing.T, client *clientv3.Client, who string, h etcdlock.He
 }
 
 func TestMutexHeld(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -115,6 +117,7 @@ func TestMutexHeld(t *testing.T) {
 }
 
 func TestRWMutexHeld(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

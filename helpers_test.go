@@ -26,6 +26,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 func TestMain(m *testing.M) {
@@ -33,6 +34,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(v3lockServerEnv) == "1" {
 		runV3lockServer()
 	}
+	testflags.ShortParallel(16)             // the parallel tests mostly wait for leases and timers
 	goleak.VerifyTestMain(etcdtest.Main(m)) // etcdtest.Main stops the server of namespace_test.go
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // Checked histories. The reliability tests record every operation on a
@@ -809,6 +810,7 @@ func TestHistoryContention(t *testing.T) {
 // TestHistoryNoLock gives the strict model its teeth: holds that exclude
 // nothing, under the same contention, must be found illegal.
 func TestHistoryNoLock(t *testing.T) {
+	testflags.ParallelShort(t)
 	res := runContention(t, kind{limit: 1, make: func(s *etcdlock.Session, name string, _ time.Duration) primitive {
 		return noLock{s: s, name: name}
 	}}, 4, 2*time.Second)

@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // describe renders entries as "kind:identity:holds" items, in order.
@@ -48,6 +49,7 @@ func inspect(t *testing.T, ctx context.Context, client *clientv3.Client, name st
 // TestInspect: holders first, then waiters in the order they will be
 // served, with identities, for every kind of lock; one read, no write.
 func TestInspect(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	as := func(id string) *etcdlock.Session { return newSession(t, client, etcdlock.WithIdentity(id)) }

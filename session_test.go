@@ -11,9 +11,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 func TestSessionTTLRoundsUp(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithTTL(1500*time.Millisecond))
 	if got, want := s.TTL(), 2*time.Second; got != want {
@@ -32,6 +34,7 @@ func TestSessionTTLRoundsUp(t *testing.T) {
 }
 
 func TestSessionDefaultTTL(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	if got := s.TTL(); got != etcdlock.DefaultTTL {
@@ -40,6 +43,7 @@ func TestSessionDefaultTTL(t *testing.T) {
 }
 
 func TestNewSessionBadInput(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -86,6 +90,7 @@ func TestNewSessionBadInput(t *testing.T) {
 }
 
 func TestSessionWithLease(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	grant, err := client.Grant(ctx, 30)
@@ -124,6 +129,7 @@ func TestSessionWithLease(t *testing.T) {
 }
 
 func TestSessionClose(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	s := newSession(t, client)
@@ -187,6 +193,7 @@ func TestSessionWithContextCancel(t *testing.T) {
 // TestSessionRevokedElsewhere: the lease revoked by another client ends the
 // Session within TTL/3 + 1 s (asserted: twice that).
 func TestSessionRevokedElsewhere(t *testing.T) {
+	testflags.ParallelShort(t)
 	const ttl = 3 * time.Second
 	_, client := startServer(t)
 	ctx := testContext(t)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // TestDownLockContextDeadline: with etcd unreachable, LockContext and
@@ -21,6 +22,7 @@ import (
 // cut comes before the call or while it waits; once etcd is back, no key of
 // the failed calls is left.
 func TestDownLockContextDeadline(t *testing.T) {
+	testflags.ParallelShort(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	ctx := testContext(t)
@@ -88,6 +90,7 @@ func TestDownLockContextDeadline(t *testing.T) {
 // within 3 s (asserted: 6 s) and Session.Close within 5 s; a delete that
 // etcd did not confirm is retried until it lands, once etcd is back.
 func TestDownUnlockAndClose(t *testing.T) {
+	testflags.ParallelShort(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	ctx := testContext(t)
@@ -142,6 +145,7 @@ func (l syncLocker) Lock(context.Context) error {
 // TestDownLockRetries: Lock, started while etcd is unreachable, keeps
 // retrying and takes the lock once etcd is back.
 func TestDownLockRetries(t *testing.T) {
+	testflags.ParallelShort(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	name := lockName(t)
@@ -172,6 +176,7 @@ func TestDownLockRetries(t *testing.T) {
 // ErrSessionExpired within 1 s of Session.Done (asserted: 2 s), while the
 // holder still holds.
 func TestDownWaiterSessionExpires(t *testing.T) {
+	testflags.ParallelShort(t)
 	for _, how := range []string{"revoked", "blackholed"} {
 		t.Run(how, func(t *testing.T) {
 			healthy, pc, proxy := startProxied(t)
@@ -220,6 +225,7 @@ func TestDownWaiterSessionExpires(t *testing.T) {
 // revoke that cancelling the WithContext context started returns within
 // 5 s, and sends no second revoke after the first has answered.
 func TestSessionCloseAfterCancel(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, _, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	var revokes atomic.Int64

@@ -15,10 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/etcdlock/etcdlock/etcdtest"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // opTimeout bounds operations expected to succeed; it is generous so that
@@ -179,6 +181,7 @@ func TestCloseWithOpenStreams(t *testing.T) {
 }
 
 func TestTLS(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t, etcdtest.WithTLS())
 	ep := srv.Endpoints()[0]
 	if !strings.HasPrefix(ep, "https://127.0.0.1:") {
@@ -209,6 +212,7 @@ func TestTLS(t *testing.T) {
 }
 
 func TestClientCertAuth(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t, etcdtest.WithClientCertAuth())
 	put(t, srv.Client(t), t.Name(), "v")
 
@@ -225,6 +229,7 @@ func TestClientCertAuth(t *testing.T) {
 }
 
 func TestProxiedClientBlackhole(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	if got, want := p.Endpoints(), srv.Endpoints(); len(got) != 1 || slices.Equal(got, want) {
@@ -248,6 +253,7 @@ func TestProxiedClientBlackhole(t *testing.T) {
 }
 
 func TestProxiedClientDelay(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	put(t, c, t.Name(), "v")
@@ -268,6 +274,7 @@ func TestProxiedClientDelay(t *testing.T) {
 }
 
 func TestProxiedClientPause(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	put(t, c, t.Name(), "v")
@@ -532,6 +539,7 @@ func TestWithFsync(t *testing.T) {
 }
 
 func TestNewProxiedClient(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv, err := etcdtest.New()
 	if err != nil {
 		t.Fatalf("New: got %v, want nil", err)

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // The Example functions use New, as a program without a testing.TB does.
@@ -94,6 +95,7 @@ func TestExampleStart(t *testing.T) {
 }
 
 func TestExampleProxiedClient(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli, proxy := srv.ProxiedClient(t)
 

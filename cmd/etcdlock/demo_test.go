@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // demoChecks are the beginnings of the demo's checks, in order: one per
@@ -68,6 +69,7 @@ func TestDemo(t *testing.T) {
 }
 
 func TestDemoExternalEtcd(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	checkDemoOutput(t, runCLI(t, nil, "demo", "--endpoints", srv.Endpoints()[0], "--workers", "5", "--rounds", "3"))
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 func TestPrintQueue(t *testing.T) {
@@ -196,6 +197,7 @@ func (q *holdersQueue) check(ep string) {
 // TestHolders: etcdlock holders shows every kind of lock, holders first,
 // then waiters in serving order, with their identities.
 func TestHolders(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	ep := srv.Endpoints()[0]

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/etcdlock/etcdlock/internal/syncbuf"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // asMain makes the test binary act as etcdlock: the tests run the command
@@ -24,6 +25,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asMain) == "1" {
 		main()
 	}
+	testflags.ShortParallel(8) // the parallel tests mostly wait for etcd and their commands
 	goleak.VerifyTestMain(m)
 }
 

@@ -19,9 +19,11 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 func TestRunNoOverlap(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -67,6 +69,7 @@ func TestRunNoOverlap(t *testing.T) {
 }
 
 func TestRunExitStatus(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	notExec := filepath.Join(t.TempDir(), "not-executable")
@@ -96,6 +99,7 @@ func TestRunExitStatus(t *testing.T) {
 }
 
 func TestRunBusy(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -138,6 +142,7 @@ func TestRunBusy(t *testing.T) {
 // it: its exit status (-E), silence on request (-q), and otherwise a message
 // that names the holder.
 func TestRunBusyFlock(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -232,6 +237,7 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 // TestRunIgnoredSignal: a signal ignored when etcdlock starts, as under
 // nohup, does not stop its wait.
 func TestRunIgnoredSignal(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -276,6 +282,7 @@ func TestRunSignalForwarded(t *testing.T) {
 }
 
 func TestRunLockLost(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	revoke := func(ctx context.Context, k *keyInfo) error {
@@ -342,6 +349,7 @@ func TestRunLockLost(t *testing.T) {
 // stopped before etcd expires the lease, so before anyone else can get the
 // lock.
 func TestRunKeepAliveSilence(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	_, proxy := srv.ProxiedClient(t)
@@ -376,6 +384,7 @@ func TestRunKeepAliveSilence(t *testing.T) {
 // SIGTERM, and its child, are gone before etcd can expire the lease once
 // etcdlock is cut off from etcd.
 func TestRunDefaultsKillBeforeExpiry(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	_, proxy := srv.ProxiedClient(t)
@@ -475,6 +484,7 @@ func readPIDs(t *testing.T, path string) (first, second int) {
 }
 
 func TestRunTLS(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t, etcdtest.WithTLS(), etcdtest.WithClientCertAuth())
 	files := srv.TLS()
 	ep := srv.Endpoints()[0]
@@ -503,6 +513,7 @@ func TestRunTLS(t *testing.T) {
 }
 
 func TestRunUnreachable(t *testing.T) {
+	testflags.ParallelShort(t)
 	ep := closedPort(t)
 	const secret = "unreachable-S3CRET"
 	for _, args := range [][]string{
@@ -528,6 +539,7 @@ func TestRunUnreachable(t *testing.T) {
 // TestRunUnreachableSaysWhy: a refused connection and an unknown host are
 // said as such, long before the dial timeout.
 func TestRunUnreachableSaysWhy(t *testing.T) {
+	testflags.ParallelShort(t)
 	refused := closedPort(t)
 	for _, tc := range []struct {
 		name, ep, want string
@@ -555,6 +567,7 @@ func TestRunUnreachableSaysWhy(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
+	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	const password = "auth-S3CRET-pw"
