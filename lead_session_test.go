@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // Session.Lead: the leader duty on a Session of the caller's, which it
@@ -50,6 +51,7 @@ func (tr *terms) wait(t *testing.T, ctx context.Context, what string) etcdlock.H
 }
 
 func TestSessionLeadRenews(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
 	name := lockName(t)
@@ -92,6 +94,7 @@ func TestSessionLeadRenews(t *testing.T) {
 }
 
 func TestSessionLeadWithoutRenewal(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithTTL(renewTTL))
 	ctx := testContext(t)
@@ -107,6 +110,7 @@ func TestSessionLeadWithoutRenewal(t *testing.T) {
 }
 
 func TestSessionLeadPanic(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -125,6 +129,7 @@ func TestSessionLeadPanic(t *testing.T) {
 }
 
 func TestSessionLeadBadInput(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	f := func(context.Context) error { return nil }

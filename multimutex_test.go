@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // multiLock is a MultiMutex as a lock of the family.
@@ -130,6 +131,7 @@ func createRevisions(t *testing.T, client *clientv3.Client, keys ...string) []in
 }
 
 func TestMultiLockUnlock(t *testing.T) {
+	testflags.ParallelShort(t)
 	client, s, ctx, names := multiSetup(t, 3)
 	m := etcdlock.NewMultiMutex(s, names[2], names[0], names[1], names[0])
 	if got := m.Names(); !slices.Equal(got, names) {
@@ -187,6 +189,7 @@ func TestMultiLockUnlock(t *testing.T) {
 }
 
 func TestMultiReentrant(t *testing.T) {
+	testflags.ParallelShort(t)
 	client, s, ctx, names := multiSetup(t, 2)
 	m := lockedMulti(t, s, names...)
 	token := m.Token()
@@ -216,6 +219,7 @@ func TestMultiReentrant(t *testing.T) {
 // another Session on one of the names exclude a MultiMutex, and are
 // excluded by it; a try writes nothing while one name is held.
 func TestMultiExcludes(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 3)
@@ -278,6 +282,7 @@ func TestMultiExcludes(t *testing.T) {
 // names, exclude each other; a goroutine waiting for its local turn writes
 // nothing.
 func TestMultiSameSession(t *testing.T) {
+	testflags.ParallelShort(t)
 	client, s, ctx, names := multiSetup(t, 3)
 	first := etcdlock.NewMultiMutex(s, names[0], names[1])
 	second := etcdlock.NewMultiMutex(s, names[1], names[2])
@@ -314,6 +319,7 @@ func TestMultiSameSession(t *testing.T) {
 }
 
 func TestMultiWouldDeadlock(t *testing.T) {
+	testflags.ParallelShort(t)
 	client, s, ctx, names := multiSetup(t, 2)
 	m := etcdlock.NewMultiMutex(s, names...)
 	mu := etcdlock.NewMutex(s, names[1])
@@ -355,6 +361,7 @@ func TestMultiWouldDeadlock(t *testing.T) {
 }
 
 func TestMultiBadInput(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	ctx := testContext(t)
@@ -391,6 +398,7 @@ func TestMultiBadInput(t *testing.T) {
 // TestMultiCancelLeavesNothing: a LockContext whose ctx ends while it waits
 // leaves no key in any queue, and the queue moves on.
 func TestMultiCancelLeavesNothing(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 3)
@@ -428,6 +436,7 @@ func TestMultiCancelLeavesNothing(t *testing.T) {
 // deleted by hand, and the release deletes the others, saying the hold was
 // lost.
 func TestMultiDoneOnDeletedKey(t *testing.T) {
+	testflags.ParallelShort(t)
 	client, s, ctx, names := multiSetup(t, 3)
 	m := lockedMulti(t, s, names...)
 	done := m.Done()
@@ -449,6 +458,7 @@ func TestMultiDoneOnDeletedKey(t *testing.T) {
 // TestMultiWaiterRequeued: a key of a waiting MultiMutex deleted by hand
 // makes it queue all its keys again, at one new revision.
 func TestMultiWaiterRequeued(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 2)
@@ -622,6 +632,7 @@ func multiRunFor(t *testing.T) time.Duration {
 // TestMultiNoDeadlock: Sessions that take random subsets of the same names
 // at once all get every hold, with one holder per name at a time.
 func TestMultiNoDeadlock(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	names := multiNames(t, 5)
 	d := multiRunFor(t)
@@ -641,6 +652,7 @@ func TestMultiNoDeadlock(t *testing.T) {
 // orders wait in a cycle until a timeout breaks it, judged in etcd; taken
 // at once, in the same orders, they never do.
 func TestMultiLockByLockDeadlocks(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 2)
@@ -740,6 +752,7 @@ func TestMultiLockByLockDeadlocks(t *testing.T) {
 // acquisition, hold and release, of primitive KindMulti, with the names and
 // the shared token.
 func TestMultiObserved(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	var mu sync.Mutex
 	var events []etcdlock.Event

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // A Session made WithRenewal outlives its leases: after a loss, the holds on
@@ -98,6 +99,7 @@ func checkNothingLeft(t *testing.T, client *clientv3.Client, lease clientv3.Leas
 }
 
 func TestRenewalAfterPartition(t *testing.T) {
+	testflags.ParallelShort(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	log := &eventLog{}
@@ -208,6 +210,7 @@ func TestRenewalAfterPartition(t *testing.T) {
 // new lease, and a call under way on the lost lease returns
 // ErrSessionExpired.
 func TestRenewalAfterRevoke(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
 	other := newSession(t, client)
@@ -267,6 +270,7 @@ func TestRenewalAfterRevoke(t *testing.T) {
 // within its bound, the renewal stops, and no lease is left once etcd is
 // back and the TTL has run.
 func TestRenewalClosedWithoutLease(t *testing.T) {
+	testflags.ParallelShort(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	s, err := etcdlock.NewSession(pc, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
@@ -333,6 +337,7 @@ func (g *grantFaults) unary(ctx context.Context, method string, req, reply any, 
 // new lease revoked as it is granted. Each time the Session renews again,
 // takes locks within the bound, and leaves no key or lease behind.
 func TestRenewalSeams(t *testing.T) {
+	testflags.ParallelShort(t)
 	for _, revoke := range []bool{false, true} {
 		what := "grant reply lost"
 		if revoke {
@@ -394,6 +399,7 @@ func TestRenewalSeams(t *testing.T) {
 // A Session without WithRenewal ends with its lease, as before: Done
 // closes, and the context methods return ErrSessionExpired.
 func TestNoRenewalEndsWithLease(t *testing.T) {
+	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithTTL(renewTTL))
 	old := s.Lease()
