@@ -35,7 +35,7 @@ func TestD7BoundedCleanup(t *testing.T) {
 	}
 
 	t.Run("ours", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		t.Parallel() // its own server: the three run side by side, also in the full run
 		srv, client := startServer(t)
 		pc, proxy, rec := proxied(t, srv)
 		// A long TTL: the lease outlives the outage, so keys that go were
@@ -107,7 +107,7 @@ func TestD7BoundedCleanup(t *testing.T) {
 	})
 
 	t.Run("upstream wait", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		t.Parallel() // its own server: the three run side by side, also in the full run
 		srv, client := startServer(t)
 		pc, proxy, rec := proxied(t, srv)
 		name := lockName(t)
@@ -145,7 +145,7 @@ func TestD7BoundedCleanup(t *testing.T) {
 	})
 
 	t.Run("upstream close", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		t.Parallel() // its own server: the three run side by side, also in the full run
 		srv, _ := startServer(t)
 		pc, proxy := srv.ProxiedClient(t)
 		t.Cleanup(proxy.Unblackhole)

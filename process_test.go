@@ -271,7 +271,7 @@ type processConfig struct {
 func TestProcessChaos(t *testing.T) { long(t); forEachKind(t, testProcessChaos) }
 
 func testProcessChaos(t *testing.T, kind string) {
-	cfg := processConfig{kind: kind, holders: 3, ttl: 2 * time.Second, faults: faultsFor(t, "ETCDLOCK_PROCESS_LONG", 8*time.Second), gap: time.Second}
+	cfg := processConfig{kind: kind, holders: 3, ttl: 2 * time.Second, faults: faultsFor(t, "ETCDLOCK_PROCESS_LONG", 6*time.Second), gap: time.Second}
 	runProcessChaos(t, cfg)
 }
 
