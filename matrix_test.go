@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -408,6 +409,13 @@ type matrixCase struct {
 	sm      *seam
 	session *etcdlock.Session // the actor's; nil for Lead
 	tokens  []int64           // of the holds, in the order they began
+	// returned is set once the acquisition under test has returned (for
+	// Do and Lead: once f runs). A watch of our key opened before it is the
+	// wait's own watch, even where our key already holds (a wait's watch
+	// opened late, on a loaded machine); only one opened after can be the
+	// loss monitor's. Do and Lead open their loss monitor just before f
+	// runs: its watch waits for returned (holder).
+	returned atomic.Bool
 }
 
 // leases returns the actor's leases: every lease granted through its
@@ -557,6 +565,7 @@ func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
 		held, err = mc.contend(actx, a, releaseH)
 	}
 	acquired := time.Now()
+	mc.returned.Store(true)
 	mc.sm.bump = nil
 	var key string
 	var token int64
@@ -911,5 +920,17 @@ func (mc *matrixCase) holder(key string) bool {
 	if err != nil {
 		return false
 	}
-	return slices.ContainsFunc(entries, func(e etcdlock.QueueEntry) bool { return e.Key == key && e.Holds })
+	i := slices.IndexFunc(entries, func(e etcdlock.QueueEntry) bool { return e.Key == key && e.Holds })
+	if i < 0 {
+		return false
+	}
+	if !slices.Contains(mc.leases(), entries[i].Lease) {
+		return true // another's hold: a wait's watch of the key ahead
+	}
+	// Our key holds: a loss monitor's watch once the acquisition has
+	// returned, else the wait's. Do's and Lead's monitor starts as they
+	// return: wait a little for it.
+	wctx, wcancel := context.WithTimeout(ctx, time.Second)
+	defer wcancel()
+	return waitUntil(wctx, mc.returned.Load) == nil
 }

@@ -198,6 +198,14 @@ func classify(method string, req any) (call, bool) {
 	return "", false
 }
 
+// inSetup reports whether the case is in its warm-up, where nothing is
+// faulted.
+func (s *seam) inSetup() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.phase == phaseSetup
+}
+
 // name refines a call's kind by the phase and by how many came before it,
 // and counts it. It reports whether the fault is to be injected.
 func (s *seam) name(c call) bool {
@@ -340,7 +348,7 @@ func (w *seamWatch) SendMsg(m any) error {
 		return w.ClientStream.SendMsg(m)
 	}
 	c := callOwnWatch
-	if w.s.holder != nil && w.s.holder(string(cr.Key)) {
+	if w.s.holder != nil && !w.s.inSetup() && w.s.holder(string(cr.Key)) {
 		c = callLossWatch
 	}
 	if cr.StartRevision == 0 {
