@@ -286,9 +286,17 @@ func forward(ctx context.Context, wch clientv3.WatchChan, out chan<- watched) {
 // keyThere reads our keys: it reports false if etcd says a key of the hold
 // is gone, and otherwise the revision of the read, 0 where the read failed
 // (we cannot tell: the hold is taken as still there).
+//
+// The read ends by the point of keep-alive silence, too: a read that hangs on
+// an unreachable etcd must not hold up the early warning, which the caller
+// gives as soon as the read returns.
 func (h *hold) keyThere(ctx context.Context) (int64, bool) {
-	s := h.t.s
-	rctx, cancel := context.WithTimeout(ctx, h.t.term.ttl/3)
+	s, tm := h.t.s, h.t.term
+	d := min(tm.ttl/3, tm.untilSilent())
+	if d <= 0 {
+		return 0, true // cannot tell; silent already
+	}
+	rctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	resp, err := s.client.Txn(rctx).If(h.t.Ours()...).Commit()
 	switch {

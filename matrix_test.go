@@ -69,10 +69,11 @@ var matrix = []matrixKind{
 	// holders and waiters block it through the first.
 	{"MultiMutex", famActor(openMulti), openMutex, openMutex, lockCalls(true, callCheck), false},
 	{"Do", doActor, openMutex, openMutex, lockCalls(false, callCheck), false},
-	// The renewal's own seams (a grant's reply lost, a revoke during it)
-	// are renew_test.go's; here every call of a Mutex, with the Session
-	// renewing behind the faults that take its lease.
-	{"Mutex renewing", famActor(openMutex), openMutex, openMutex, lockCalls(true, callCheck), true},
+	// Every call of a Mutex, with the Session renewing behind the faults
+	// that take its lease; and the renewal's grant (its lease revoked by
+	// hand as the acquisition begins). renew_test.go has the renewal's
+	// other seams (a revoke of the new lease as it is granted).
+	{"Mutex renewing", famActor(openMutex), openMutex, openMutex, append([]call{callGrant}, lockCalls(true, callCheck)...), true},
 	// Lead closes its Session as it returns: the revoke deletes the key,
 	// and no release is retried in the background.
 	{"Lead", leadActor, openMutex, openMutex, slices.DeleteFunc(append([]call{callGrant}, lockCalls(false, callCheck)...),
@@ -488,6 +489,9 @@ func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
 	mc.sm.hand = mc.hand
 	mc.sm.holder = mc.holder
 	client := interceptedClient(t, endpoints, mc.sm.unary, mc.sm.stream)
+	// Late requests are applied before the client closes, and after the
+	// Session: a renewal's grant applied late waits for the Session's end.
+	t.Cleanup(mc.sm.late.Wait)
 	if mc.kind.name != "Lead" {
 		opts := []etcdlock.SessionOption{etcdlock.WithTTL(matrixTTL)}
 		if mc.kind.renew {
@@ -544,6 +548,13 @@ func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
 	mc.sm.enter(phaseAcquire, acancel)
 	if mc.at == callCheck {
 		mc.sm.bump = func() { _, _ = healthy.Put(context.Background(), mc.name+"-bump", "") }
+	}
+	if mc.at == callGrant && mc.session != nil {
+		// A renewing Session grants a lease only after it lost one: its
+		// lease goes as the acquisition begins, and the renewal's grant is
+		// the call under test; the acquisition waits for the next lease.
+		mc.hand(faultRevoked)
+		eventually(t, "the renewal's grant", func() bool { return mc.sm.fires() > 0 })
 	}
 
 	var held bool

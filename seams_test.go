@@ -22,7 +22,7 @@ import (
 type call string
 
 const (
-	callGrant      call = "grant"      // Lead's grant of a new Session's lease
+	callGrant      call = "grant"      // the grant of a lease: Lead's Session's, or a renewing Session's next
 	callEnqueue    call = "enqueue"    // the Txn that puts our key and reads its place
 	callRequeue    call = "requeue"    // the enqueue after our key was deleted while we waited
 	callTry        call = "try"        // a try's Txn that puts our key only if nothing blocks it
