@@ -10,6 +10,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
@@ -44,7 +45,8 @@ func watchLease(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) *lea
 			rctx, rcancel := context.WithTimeout(ctx, time.Second)
 			resp, err := client.TimeToLive(rctx, id)
 			rcancel()
-			if err == nil && resp.TTL <= 0 {
+			// TTL is whole seconds left, 0 in the last one: gone is -1.
+			if err == nil && resp.TTL < 0 || errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				w.gone.Store(time.Now().UnixNano())
 				return
 			}
@@ -126,6 +128,7 @@ func TestRenewalAfterPartition(t *testing.T) {
 	w := watchLease(t, healthy, old)
 
 	proxy.Blackhole()
+	cut := time.Now()
 	// Longer than the TTL: the keep-alive gives the lease up.
 	time.Sleep(renewTTL + renewTTL/2)
 	if !isClosed(m.Done()) {
@@ -196,10 +199,15 @@ func TestRenewalAfterPartition(t *testing.T) {
 		t.Errorf("LeaseRenewed: lease %x, old %x; want %x, %x", e.Lease, e.OldLease, now, old)
 	}
 	for _, lock := range []string{mName, rwName, semName} {
-		log.wait(t, "HoldLost of "+lock, func(e etcdlock.Event) bool {
+		e := log.wait(t, "HoldLost of "+lock, func(e etcdlock.Event) bool {
 			return e.Kind == etcdlock.HoldLost && e.Lock == lock && e.Lease == old
 		})
+		t.Logf("HoldLost of %s at %s: %s", lock, e.Time.Format("15:04:05.000"), e.Reason)
 	}
+	for _, e := range log.find(func(e etcdlock.Event) bool { return e.Kind == etcdlock.KeptAlive }) {
+		t.Logf("KeptAlive at %s: margin %v, err %v", e.Time.Format("15:04:05.000"), e.Margin.Round(time.Millisecond), e.Err)
+	}
+	t.Logf("partition from %s; lease seen gone at %s", cut.Format("15:04:05.000"), w.goneAt().Format("15:04:05.000"))
 
 	m.Unlock()
 	_ = rw.RUnlockContext(ctx)
