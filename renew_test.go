@@ -107,7 +107,7 @@ func TestRenewalAfterPartition(t *testing.T) {
 	log := &eventLog{}
 	s := newSession(t, pc, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL), etcdlock.WithObserver(log))
 	name := lockName(t)
-	mName, rwName, semName, laterName := name+"-mutex", name+"-rw", name+"-sem", name+"-later"
+	mName, rwName, semName, laterName, tryName := name+"-mutex", name+"-rw", name+"-sem", name+"-later", name+"-try"
 	ctx := testContext(t)
 
 	m := etcdlock.NewMutex(s, mName)
@@ -137,8 +137,10 @@ func TestRenewalAfterPartition(t *testing.T) {
 	if isClosed(s.Done()) {
 		t.Error("Session.Done closed after a partition: a renewing Session outlives its lease")
 	}
-	if m.TryLock() {
+	// (A lock of its own: m's holder would re-enter its lost hold.)
+	if try := etcdlock.NewMutex(s, tryName); try.TryLock() {
 		t.Error("TryLock while etcd is unreachable and the lease lost: got true")
+		try.Unlock()
 	}
 	// Lock blocks until it can try again, instead of panicking.
 	later := etcdlock.NewMutex(s, laterName)
@@ -190,7 +192,7 @@ func TestRenewalAfterPartition(t *testing.T) {
 	if got := lockKeys(t, healthy, mName); len(got) != 1 || got[0] != fmt.Sprintf("%s/%x", mName, now) {
 		t.Errorf("keys of %s in etcd: %v, want only the new lease's", mName, got)
 	}
-	checkNothingLeft(t, healthy, old, mName, rwName, semName, laterName)
+	checkNothingLeft(t, healthy, old, mName, rwName, semName, laterName, tryName)
 	if isClosed(s.Done()) {
 		t.Error("Session.Done closed after the renewal")
 	}
