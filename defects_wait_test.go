@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -38,8 +39,8 @@ func TestD4SyncedWatch(t *testing.T) {
 
 	// scenario: a holder on a plain client, two waiters on the recorded one,
 	// unrelated writes while they wait; each in turn gets the lock. It
-	// returns the watches created on the lock's keys.
-	scenario := func(t *testing.T, name string, holder, w1, w2 locker) []watchCreate {
+	// returns the watches created on the lock's keys, and the waiters' keys.
+	scenario := func(t *testing.T, name string, holder, w1, w2 locker) ([]watchCreate, []string) {
 		ctx := testContext(t)
 		nWatches := func() int {
 			n := 0
@@ -71,6 +72,7 @@ func TestD4SyncedWatch(t *testing.T) {
 		if err := waitErr(t, first.locked); err != nil {
 			t.Fatalf("first waiter: %v", err)
 		}
+		own := []string{w1.Key()}
 		writes()
 		if err := first.Release(); err != nil {
 			t.Fatal(err)
@@ -78,6 +80,7 @@ func TestD4SyncedWatch(t *testing.T) {
 		if err := waitErr(t, second.locked); err != nil {
 			t.Fatalf("second waiter: %v", err)
 		}
+		own = append(own, w2.Key())
 		if err := second.Release(); err != nil {
 			t.Fatal(err)
 		}
@@ -87,16 +90,23 @@ func TestD4SyncedWatch(t *testing.T) {
 				out = append(out, c)
 			}
 		}
-		return out
+		return out, own
 	}
 
 	t.Run("ours", func(t *testing.T) {
 		name := lockName(t)
-		creates := scenario(t, name,
+		creates, own := scenario(t, name,
 			oursOn(newSession(t, client), name),
 			oursOn(newSession(t, wc), name),
 			oursOn(newSession(t, wc), name))
 		for _, c := range creates {
+			if c.end == "" && slices.Contains(own, c.key) {
+				// A wait's watch of its own key, opened after 100 ms of
+				// waiting (a slow wait, on a loaded machine), starts at
+				// that key's revision + 1 by design: the history of one
+				// key, so that a delete in between is not missed.
+				continue
+			}
 			// etcd files a watch as synced when it starts at 0 or past the
 			// store's revision; created is at least that revision.
 			if c.start != 0 && (c.created == 0 || c.start <= c.created) {
@@ -108,7 +118,7 @@ func TestD4SyncedWatch(t *testing.T) {
 
 	t.Run("upstream", func(t *testing.T) {
 		name := lockName(t)
-		creates := scenario(t, name,
+		creates, _ := scenario(t, name,
 			upstreamOn(newUpstreamSession(t, client, 30), name),
 			upstreamOn(newUpstreamSession(t, wc, 30), name),
 			upstreamOn(newUpstreamSession(t, wc, 30), name))
