@@ -55,7 +55,7 @@ func (s *Session) nextTerm(old *leaseTerm) (*leaseTerm, <-chan *clientv3.LeaseKe
 	if err := old.revoke(ctx); err != nil {
 		return nil, nil, err
 	}
-	id, secs, _, err := grant(ctx, s.client, s.ttl, clientv3.NoLease)
+	id, secs, _, err := grant(ctx, s.client, s.ask, clientv3.NoLease)
 	if err != nil {
 		return nil, nil, err
 	}

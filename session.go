@@ -30,10 +30,10 @@ const (
 // that is not closed keeps its lease alive until its client is closed.
 type Session struct {
 	client      *clientv3.Client
-	ttl         time.Duration
-	maxHandoffs int    // WithLocalHandoff
-	identity    string // WithIdentity: the value of every key we put
-	renews      bool   // WithRenewal: a new lease after each loss
+	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
+	maxHandoffs int           // WithLocalHandoff
+	identity    string        // WithIdentity: the value of every key we put
+	renews      bool          // WithRenewal: a new lease after each loss
 
 	// term is the lease in use (lease.go): the one lease of the Session, or
 	// WithRenewal, the latest; replaced only under bgMu, by renew.
@@ -235,7 +235,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		}
 		return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
 	}
-	s.ttl = tm.ttl
+	s.ask = tm.ttl
 	s.events = newDispatch(o.observers, id)
 	s.life, s.endLife = context.WithCancel(context.Background())
 	s.term.Store(tm)
@@ -356,8 +356,8 @@ func (s *Session) Lease() clientv3.LeaseID { return s.term.Load().id }
 // Client returns the client the Session was made with.
 func (s *Session) Client() *clientv3.Client { return s.client }
 
-// TTL returns the lease TTL that etcd granted, in whole seconds.
-func (s *Session) TTL() time.Duration { return s.ttl }
+// TTL returns the TTL that etcd granted the lease in use, in whole seconds.
+func (s *Session) TTL() time.Duration { return s.term.Load().ttl }
 
 // ended reports whether the Session has ended: no lock can be taken with
 // it any more.
