@@ -428,3 +428,92 @@ func TestNoRenewalEndsWithLease(t *testing.T) {
 		t.Errorf("LockContext: got %v, want ErrSessionExpired", err)
 	}
 }
+
+// deafStream drops the replies of a lease keep-alive stream while deaf is
+// set: the requests reach etcd, which keeps renewing the lease, while the
+// client hears nothing and gives the lease up after a TTL.
+type deafStream struct {
+	grpc.ClientStream
+	deaf *atomic.Bool
+}
+
+func (d *deafStream) RecvMsg(m any) error {
+	for {
+		if err := d.ClientStream.RecvMsg(m); err != nil || !d.deaf.Load() {
+			return err
+		}
+	}
+}
+
+// The renewal's revoke of a lease that etcd still has (the client gave it
+// up while etcd kept it alive), with the revoke's reply lost after etcd
+// applied it: the revoke deletes the old lease's keys, the retry finds the
+// lease gone, and the Session goes on with a new lease; nothing of the old
+// one is left.
+func TestRenewalRevokesLiveLease(t *testing.T) {
+	testflags.ParallelShort(t)
+	srv, healthy := startServer(t)
+	var deaf atomic.Bool
+	var aliveAtRevoke, revoking atomic.Bool
+	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method != "/etcdserverpb.Lease/LeaseRevoke" || !deaf.CompareAndSwap(true, false) {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		// The renewal's revoke: the old lease is still in etcd, with our
+		// key; the new lease's keep-alive will be heard.
+		id := clientv3.LeaseID(req.(*pb.LeaseRevokeRequest).ID)
+		ttl, alive := leaseTTL(t, healthy, id)
+		t.Logf("the renewal revokes lease %x: alive %v, %d s left", id, alive, ttl)
+		aliveAtRevoke.Store(alive)
+		revoking.Store(true)
+		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+			return err
+		}
+		return errors.New("test: the reply of LeaseRevoke lost")
+	}
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
+			return cs, err
+		}
+		return &deafStream{ClientStream: cs, deaf: &deaf}, nil
+	}
+	client := interceptedClient(t, srv.Endpoints(), unary, stream)
+	s := newSession(t, client, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
+	name := lockName(t)
+	ctx := testContext(t)
+	m := etcdlock.NewMutex(s, name)
+	m.Lock()
+	old, oldKey := s.Lease(), m.Key()
+
+	deaf.Store(true)
+	if _, ok := closedWithin(m.Done(), 2*renewTTL); !ok {
+		t.Fatal("Mutex.Done open while no keep-alive reply came")
+	}
+	eventually(t, "the renewal's revoke", revoking.Load)
+	if !aliveAtRevoke.Load() {
+		t.Error("the old lease was gone before the renewal revoked it: the case did not test a live lease")
+	}
+	// At once, not after the old lease's own expiry (2 s on): the revoke
+	// took it, and its key.
+	eventually(t, "the new lease", func() bool { return s.Lease() != old })
+	if leaseAlive(t, healthy, old) {
+		t.Errorf("the old lease %x is alive after the renewal: its keys wait for its expiry", old)
+	}
+	_ = m.UnlockContext(ctx)
+	err := m.LockContext(ctx)
+	for errors.Is(err, etcdlock.ErrSessionExpired) && !isClosed(s.Done()) {
+		err = m.LockContext(ctx)
+	}
+	if err != nil {
+		t.Fatalf("LockContext after the renewal: %v", err)
+	}
+	if s.Lease() == old {
+		t.Errorf("Lease after the renewal: still %x", old)
+	}
+	if got := lockKeys(t, healthy, name); len(got) != 1 || got[0] == oldKey {
+		t.Errorf("keys of %s: %v, want only the new lease's (not %s)", name, got, oldKey)
+	}
+	checkNothingLeft(t, healthy, old, name)
+	m.Unlock()
+}
