@@ -3,7 +3,8 @@
 // contention.
 //
 // A Session holds one etcd lease and keeps it alive; any number of locks
-// share it. A Mutex is a sync.Locker, reentrant per goroutine with hold
+// share it. A Session made WithRenewal outlives its leases: after a loss it
+// takes a new one, for a long-running service. A Mutex is a sync.Locker, reentrant per goroutine with hold
 // counts, with TryLock for paths that must not block, TryLockFor for a
 // bounded wait, and context methods that leave no key behind when they fail
 // or are cancelled:
@@ -20,9 +21,10 @@
 //	defer m.UnlockContext(context.WithoutCancel(ctx))
 //
 // The rest of the family keeps the same guarantees: RWMutex (many readers or
-// one writer, FIFO), Semaphore (at most N holders), Mutex.Do (a scoped hold
-// whose function stops when the lock is lost), Lead (leader duty with
-// failover), Inspect (who holds and who waits), Observe, ObserveLeader and
+// one writer, FIFO), Semaphore (at most N holders), MultiMutex (several
+// locks at once, in one Txn, with no deadlock), Mutex.Do (a scoped hold
+// whose function stops when the lock is lost), Lead and Session.Lead
+// (leader duty with failover), Inspect (who holds and who waits), Observe, ObserveLeader and
 // LeaderOf (the same for followers: who leads, and every change), and
 // Observer and WithLogger for what happens to the locks.
 //
