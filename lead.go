@@ -107,15 +107,11 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 // paces them. It does not close s. If f panics, Lead releases the lock and
 // panics again.
 func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
-	switch {
-	case s == nil:
-		return fmt.Errorf("%w: nil Session", ErrInvalidArgument)
-	case ctx == nil:
-		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
-	case f == nil:
+	if err := validate(s != nil, name, ctx); err != nil {
+		return err
+	}
+	if f == nil {
 		return fmt.Errorf("%w: nil function", ErrInvalidArgument)
-	case name == "":
-		return ErrInvalidName
 	}
 	return s.lead(ctx, name, f)
 }
