@@ -105,7 +105,7 @@ func (m *MultiMutex) session() *Session {
 // leaves no key of its own in any of the queues, where etcd is reachable,
 // including when ctx ends after etcd applied the request but before the
 // reply came back. Where etcd is unreachable, the delete is retried in the
-// background until it succeeds or the Session ends.
+// background until it succeeds or its lease ends (whose revoke or expiry deletes the key).
 func (m *MultiMutex) LockContext(ctx context.Context) error {
 	_, err := m.acquire(ctx, waitForever)
 	return err
@@ -198,7 +198,7 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 // revision so that it can never delete a later hold, on a context
 // detached from ctx and bounded by 3 s. If etcd does not confirm the
 // delete, UnlockContext returns that error and the delete is retried in the
-// background until it succeeds or the Session ends. It returns ErrLockLost
+// background until it succeeds or its lease ends (whose revoke or expiry deletes the key). It returns ErrLockLost
 // (or ErrSessionExpired) if a key was already gone, after it deleted the
 // others: the hold ends all the same.
 func (m *MultiMutex) UnlockContext(ctx context.Context) error {

@@ -97,7 +97,7 @@ func (m *Mutex) TryLock() bool { return tryOnce(m.acquire) }
 // key of its own in etcd, where etcd is reachable, including when ctx ends
 // after etcd applied the request but before the reply came back. Where etcd
 // is unreachable, the delete is retried in the background until it succeeds
-// or the Session ends.
+// or its lease ends (whose revoke or expiry deletes the key).
 func (m *Mutex) LockContext(ctx context.Context) error {
 	_, err := m.acquire(ctx, waitForever)
 	return err
@@ -165,7 +165,7 @@ func (m *Mutex) ticket(tm *leaseTerm) *ticket {
 // revision so that it can never delete a later hold, on a context
 // detached from ctx and bounded by 3 s. If etcd does not confirm the
 // delete, UnlockContext returns that error and the delete is retried in the
-// background until it succeeds or the Session ends. It returns ErrLockLost
+// background until it succeeds or its lease ends (whose revoke or expiry deletes the key). It returns ErrLockLost
 // (or ErrSessionExpired) if the key was already gone: the hold ends all the
 // same.
 func (m *Mutex) UnlockContext(ctx context.Context) error {

@@ -136,7 +136,7 @@ type Permit struct {
 // Permit, so that defer p.Release(ctx) is safe), ErrLockLost or
 // ErrSessionExpired if the key was already gone, and etcd's error if etcd
 // did not confirm the delete; the delete is then retried in the background
-// until it succeeds or the Session ends. The permit is released in every
+// until it succeeds or its lease ends (whose revoke or expiry deletes the key). The permit is released in every
 // case.
 func (p *Permit) Release(ctx context.Context) error {
 	if p == nil {
