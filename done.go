@@ -33,6 +33,7 @@ type hold struct {
 	done     chan struct{}
 	signaled bool
 	ended    bool               // released: its end is not a loss
+	gone     bool               // the monitor found the hold lost before its end
 	stop     context.CancelFunc // stops the monitor goroutine; nil until lost is called
 }
 
@@ -92,6 +93,16 @@ func (h *hold) snapshot(name string) Held {
 // token returns the hold's fencing token.
 func (h *hold) token() int64 { return h.t.Rev() }
 
+// knownLost reports whether the hold is known to be lost: its loss signal
+// closed for a loss (not for its end), or the lease term of its key ended.
+// A hold whose loss signal nobody asked for is known lost only by its term.
+func (h *hold) knownLost() bool {
+	h.mu.Lock()
+	gone := h.gone
+	h.mu.Unlock()
+	return gone || h.t.term.Expired()
+}
+
 // end is called when the hold is released: it closes the channel and stops
 // the monitor. A loss the monitor finds after this is no loss.
 func (h *hold) end() {
@@ -144,6 +155,7 @@ func (h *hold) monitor(ctx context.Context) {
 	// an end (release) is either before both or after both.
 	h.mu.Lock()
 	ended := h.ended
+	h.gone = !ended
 	if !h.signaled {
 		h.signaled = true
 		close(h.done)

@@ -37,7 +37,12 @@ var (
 	// lock's key was already gone from etcd (deleted by someone else, or its
 	// lease expired) while the Session itself is still alive: the critical
 	// section may not have been exclusive. The hold is ended all the same.
-	ErrLockLost = errors.New("etcdlock: lock lost before unlock")
+	//
+	// It is also returned by the lock methods to a goroutine that locks
+	// again a lock whose hold it still has but that is known lost (its Done
+	// closed, or its lease is gone): the call changes nothing, and the
+	// goroutine ends the dead hold with its unlocks before it can lock again.
+	ErrLockLost = errors.New("etcdlock: lock lost")
 
 	// ErrWouldDeadlock is returned by RWMutex.LockContext and TryLockFor to
 	// a goroutine that holds a read lock of the same RWMutex: the write lock
@@ -84,6 +89,8 @@ var (
 	errMalformed = queue.ErrMalformed
 	// errBusy: a try found the lock taken.
 	errBusy = queue.ErrBusy
+	// errRelockLost: a re-lock of a hold known lost.
+	errRelockLost = fmt.Errorf("%w: the calling goroutine still has the lost hold: unlock it before locking again", ErrLockLost)
 )
 
 // An opError is the error of one operation on one lock. Its message has one

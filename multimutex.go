@@ -158,6 +158,8 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 		return true, nil
 	case wouldDeadlock:
 		return false, ErrWouldDeadlock
+	case holdLost:
+		return false, errRelockLost
 	}
 	// This process's turn of each name first, in the order of the names
 	// (reentrant.go): each name has one key per process.

@@ -132,6 +132,8 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 		return true, nil
 	case wouldDeadlock:
 		return false, ErrWouldDeadlock
+	case holdLost:
+		return false, errRelockLost
 	}
 	// Our process's turn first: one key per process, taken by one
 	// goroutine at a time.

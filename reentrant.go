@@ -118,6 +118,7 @@ const (
 	queued                     // the goroutine waits for the turn
 	turnBusy                   // a try: the turn is taken
 	wouldDeadlock              // the goroutine holds the lock another way (Mutex, MultiMutex)
+	holdLost                   // the goroutine holds the lock, but its hold is known lost: nothing changed
 )
 
 // mutexState returns the live record of the Mutex name of s, creating it if
@@ -133,10 +134,10 @@ func mutexState(s *Session, name string, create bool) *lockState {
 }
 
 // enter starts an acquisition by the calling goroutine, with ctx: a re-lock
-// if it holds the lock (or ctx carries the holder's scope), else the turn if
-// it is free, else a place in the local queue (none for a try). It returns
-// false if the record was retired meanwhile: fetch the live one and enter
-// again.
+// if it holds the lock (or ctx carries the holder's scope), unless that hold
+// is known lost, else the turn if it is free, else a place in the local
+// queue (none for a try). It returns false if the record was retired
+// meanwhile: fetch the live one and enter again.
 func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool) {
 	gid := goid.Get()
 	st.mu.Lock()
@@ -145,13 +146,19 @@ func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool)
 		return 0, nil, false
 	}
 	if st.owner != 0 && st.owner == gid {
-		if st.group != "" {
+		switch {
+		case st.group != "":
 			return wouldDeadlock, nil, true
+		case st.hold.knownLost():
+			return holdLost, nil, true
 		}
 		st.holds++
 		return reentered, nil, true
 	}
 	if sc := st.scopeOf(ctx); sc != nil {
+		if st.hold.knownLost() {
+			return holdLost, nil, true
+		}
 		st.holds++
 		sc.holds++
 		return reentered, nil, true
@@ -272,10 +279,10 @@ func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 }
 
 // handOff passes the hold, with its etcd key and token, to the oldest local
-// waiter, if WithLocalHandoff allows one more in a row. It is called with
-// st.mu held.
+// waiter, if WithLocalHandoff allows one more in a row and the hold is not
+// known lost. It is called with st.mu held, after h.end.
 func (st *lockState) handOff(h *hold) bool {
-	if len(st.queue) == 0 || st.queue[0].group || st.handoffs >= st.s.maxHandoffs || h.t.term.Expired() {
+	if len(st.queue) == 0 || st.queue[0].group || st.handoffs >= st.s.maxHandoffs || h.knownLost() {
 		st.handoffs = 0
 		return false
 	}
@@ -352,8 +359,9 @@ func (st *lockState) current() *hold {
 
 // groupEntry tells how the calling goroutine, with ctx, stands toward the
 // records of the names of group: reentered (it holds the group: one more
-// hold, in each record), wouldDeadlock (it holds one of the names another
-// way), or gotTurn (it holds none: go take the turns).
+// hold, in each record), holdLost (it holds the group, but the hold is known
+// lost), wouldDeadlock (it holds one of the names another way), or gotTurn
+// (it holds none: go take the turns).
 func groupEntry(ctx context.Context, s *Session, names []string, group string) entry {
 	gid := goid.Get()
 	var mine []*lockState
@@ -378,6 +386,9 @@ func groupEntry(ctx context.Context, s *Session, names []string, group string) e
 	case len(names):
 	default:
 		return wouldDeadlock
+	}
+	if mine[0].current().knownLost() {
+		return holdLost
 	}
 	for _, st := range mine {
 		st.mu.Lock()
@@ -482,11 +493,16 @@ func rwMutexState(s *Session, name string, create bool) *rwState {
 // enter starts an acquisition by the calling goroutine: it reports whether
 // the goroutine took one more hold of a lock it holds already, which needs no
 // key: a re-lock, or a read by the writer. A reader asking to write gets
-// ErrWouldDeadlock: it would wait for itself.
+// ErrWouldDeadlock: it would wait for itself; a goroutine whose hold is
+// known lost, errRelockLost.
 func (st *rwState) enter(write bool) (bool, error) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	switch {
+	case st.writer == gid && st.write.h.knownLost(), st.readers[gid] != nil && !write && st.readers[gid].h.knownLost():
+		return false, errRelockLost
+	}
 	switch {
 	case st.writer == gid && write:
 		st.write.holds++

@@ -125,13 +125,14 @@ func (s *Session) begin(ctx context.Context, wait time.Duration) (*leaseTerm, er
 }
 
 // lockable reports whether err, from an acquisition, leaves the lock
-// takeable later: anything but an ended Session, bad input, or a deadlock on
-// oneself.
+// takeable later: anything but an ended Session, bad input, a deadlock on
+// oneself, or a re-lock of a hold known lost (which the goroutine must
+// unlock first).
 func (s *Session) lockable(err error) bool {
 	switch {
 	case errors.Is(err, ErrSessionExpired):
 		return !s.ended()
-	case errors.Is(err, ErrInvalidName), errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrWouldDeadlock):
+	case errors.Is(err, ErrInvalidName), errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrWouldDeadlock), errors.Is(err, ErrLockLost):
 		return false
 	}
 	return true

@@ -1,0 +1,270 @@
+package etcdlock_test
+
+// State that outlives the truth: a lock must not answer "held" for a hold it
+// already knows lost, must not take a refusal from etcd for a request that
+// may have been applied, must keep no more than a constant of bookkeeping on
+// a lease whatever the failures, must keep nothing where another lock counts
+// it, must end a renewing Session whose client was closed, and must warn of
+// a loss before the next holder can acquire. Each test judges the outcome in
+// etcd, not from the library's own report.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
+)
+
+// deleteKey deletes key by hand, as an operator would.
+func deleteKey(t *testing.T, client *clientv3.Client, key string) {
+	t.Helper()
+	resp, err := client.Delete(testContext(t), key)
+	if err != nil || resp.Deleted != 1 {
+		t.Fatalf("delete %q by hand: got %v (%d deleted), want 1 deleted", key, err, resp.Deleted)
+	}
+}
+
+// revokeAndRenew revokes the lease in use of s, made WithRenewal, and waits
+// until s has a new one.
+func revokeAndRenew(t *testing.T, client *clientv3.Client, s *etcdlock.Session) {
+	t.Helper()
+	old := s.Lease()
+	if _, err := client.Revoke(testContext(t), old); err != nil {
+		t.Fatalf("revoke: got %v, want nil", err)
+	}
+	eventually(t, "a new lease", func() bool { return s.Lease() != old })
+}
+
+// wantClosed fails the test unless ch closes within doneBound.
+func wantClosed(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	if _, ok := closedWithin(ch, doneBound); !ok {
+		t.Fatalf("%s: Done still open %v after the loss", what, doneBound)
+	}
+}
+
+// TestRelockOfLostHold: a goroutine whose hold is known lost (its Done
+// closed, or its lease term ended) and that locks again gets ErrLockLost,
+// not a second hold of a key that is gone; its count does not change; its
+// unlock ends the dead hold; and its next lock takes the lock for real, its
+// key the oldest of the queue in etcd.
+func TestRelockOfLostHold(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, client := startServer(t)
+
+	for _, tc := range []struct {
+		name  string
+		renew bool
+	}{{"key deleted", false}, {"lease renewed", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			testflags.ParallelShort(t)
+			var opts []etcdlock.SessionOption
+			if tc.renew {
+				opts = append(opts, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second))
+			}
+			s := newSession(t, client, opts...)
+			name := lockName(t)
+			m := etcdlock.NewMutex(s, name)
+			ctx := testContext(t)
+			if err := m.LockContext(ctx); err != nil {
+				t.Fatalf("LockContext: got %v, want nil", err)
+			}
+			done := m.Done()
+			if tc.renew {
+				revokeAndRenew(t, client, s)
+			} else {
+				deleteKey(t, client, m.Key())
+			}
+			wantClosed(t, "Mutex", done)
+
+			if err := m.LockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+				t.Errorf("LockContext on a lost hold: got %v, want ErrLockLost (keys in etcd: %v)", err, lockKeys(t, client, name))
+			}
+			if ok, err := m.TryLockFor(ctx, 0); ok || !errors.Is(err, etcdlock.ErrLockLost) {
+				t.Errorf("TryLockFor on a lost hold: got (%v, %v), want (false, ErrLockLost)", ok, err)
+			}
+			if m.TryLock() {
+				t.Error("TryLock on a lost hold: got true, want false")
+			}
+			assertPanics(t, "Lock on a lost hold", "lock lost", m.Lock)
+			if n := m.HoldCount(); n != 1 {
+				t.Errorf("HoldCount after the re-locks: got %d, want 1", n)
+			}
+
+			// The lock is free in etcd: another Session takes it, which is
+			// what a re-lock answering nil would have hidden.
+			other := etcdlock.NewMutex(newSession(t, client), name)
+			if ok, err := other.TryLockFor(ctx, 0); !ok || err != nil {
+				t.Fatalf("other Session's TryLockFor: got (%v, %v), want (true, nil)", ok, err)
+			}
+			if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) && !errors.Is(err, etcdlock.ErrSessionExpired) {
+				t.Errorf("UnlockContext of the lost hold: got %v, want ErrLockLost or ErrSessionExpired", err)
+			}
+			if n := m.HoldCount(); n != 0 {
+				t.Errorf("HoldCount after the unlock: got %d, want 0", n)
+			}
+			w := lockInGoroutine(t, ctx, ours{m})
+			if !blocked(w.locked, 200*time.Millisecond) {
+				t.Fatal("LockContext after the unlock: returned while the other Session holds")
+			}
+			if err := other.UnlockContext(ctx); err != nil {
+				t.Fatalf("other's UnlockContext: %v", err)
+			}
+			if err := waitErr(t, w.locked); err != nil {
+				t.Fatalf("LockContext after the unlock: got %v, want nil", err)
+			}
+			if keys := lockKeys(t, client, name); len(keys) != 1 || keys[0] != keyOf(name, s.Lease()) {
+				t.Errorf("keys after the new lock: got %v, want [%s]", keys, keyOf(name, s.Lease()))
+			}
+			if err := w.Release(); err != nil {
+				t.Errorf("unlock of the new hold: %v", err)
+			}
+		})
+	}
+}
+
+// TestRelockOfLostHoldFamily: the same rule for an RWMutex's readers and
+// writers (and a writer's nested read), a MultiMutex, and a goroutine that
+// holds through a Do scope.
+func TestRelockOfLostHoldFamily(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, client := startServer(t)
+
+	relock := func(t *testing.T, lock, unlock func(context.Context) error, key func() string, done func() <-chan struct{}) {
+		t.Helper()
+		ctx := testContext(t)
+		if err := lock(ctx); err != nil {
+			t.Fatalf("lock: got %v, want nil", err)
+		}
+		ch := done()
+		deleteKey(t, client, key())
+		wantClosed(t, "hold", ch)
+		if err := lock(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("re-lock of a lost hold: got %v, want ErrLockLost", err)
+		}
+		if err := unlock(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("unlock of the lost hold: got %v, want ErrLockLost", err)
+		}
+		if err := unlock(ctx); !errors.Is(err, etcdlock.ErrNotHeld) {
+			t.Errorf("second unlock: got %v, want ErrNotHeld (the re-lock must not have counted)", err)
+		}
+		if err := lock(ctx); err != nil {
+			t.Fatalf("lock after the unlock: got %v, want nil", err)
+		}
+		if k := key(); k == "" {
+			t.Error("lock after the unlock: no key")
+		} else if resp, err := client.Get(ctx, k); err != nil || len(resp.Kvs) != 1 {
+			t.Errorf("lock after the unlock: key %q not in etcd (%v)", k, err)
+		}
+		if err := unlock(ctx); err != nil {
+			t.Errorf("unlock: %v", err)
+		}
+	}
+
+	t.Run("reader", func(t *testing.T) {
+		testflags.ParallelShort(t)
+		rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
+		relock(t, rw.RLockContext, rw.RUnlockContext, rw.Key, rw.Done)
+	})
+	t.Run("writer", func(t *testing.T) {
+		testflags.ParallelShort(t)
+		rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
+		relock(t, rw.LockContext, rw.UnlockContext, rw.Key, rw.Done)
+	})
+	t.Run("writer's read", func(t *testing.T) {
+		testflags.ParallelShort(t)
+		rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
+		ctx := testContext(t)
+		if err := rw.LockContext(ctx); err != nil {
+			t.Fatalf("LockContext: %v", err)
+		}
+		done := rw.Done()
+		deleteKey(t, client, rw.Key())
+		wantClosed(t, "writer", done)
+		if err := rw.RLockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("writer's RLockContext on a lost hold: got %v, want ErrLockLost", err)
+		}
+		if err := rw.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("UnlockContext of the lost hold: got %v, want ErrLockLost", err)
+		}
+		if err := rw.RUnlockContext(ctx); !errors.Is(err, etcdlock.ErrNotHeld) {
+			t.Errorf("RUnlockContext after: got %v, want ErrNotHeld", err)
+		}
+	})
+	t.Run("multi", func(t *testing.T) {
+		testflags.ParallelShort(t)
+		name := lockName(t)
+		s := newSession(t, client)
+		mm := etcdlock.NewMultiMutex(s, name+"-a", name+"-b")
+		key := func() string {
+			if mm.Token() == 0 {
+				return ""
+			}
+			return keyOf(name+"-b", s.Lease())
+		}
+		relock(t, mm.LockContext, mm.UnlockContext, key, mm.Done)
+	})
+	t.Run("do scope", func(t *testing.T) {
+		testflags.ParallelShort(t)
+		m := etcdlock.NewMutex(newSession(t, client), lockName(t))
+		ctx := testContext(t)
+		err := m.Do(ctx, func(fctx context.Context) error {
+			deleteKey(t, client, m.Key())
+			wantClosed(t, "Do", fctx.Done())
+			// A goroutine of the scope, on a context that carries the scope
+			// but not its cancel.
+			got := make(chan error, 1)
+			go func() { got <- m.LockContext(context.WithoutCancel(fctx)) }()
+			if err := <-got; !errors.Is(err, etcdlock.ErrLockLost) {
+				t.Errorf("re-lock through the Do scope of a lost hold: got %v, want ErrLockLost", err)
+			}
+			return nil
+		})
+		if !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("Do: got %v, want ErrLockLost", err)
+		}
+	})
+}
+
+// TestHandOffOfLostHold: a hold known lost is not handed to the next local
+// goroutine (WithLocalHandoff): that goroutine takes the lock in etcd, with a
+// key of its own.
+func TestHandOffOfLostHold(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, client := startServer(t)
+	s := newSession(t, client, etcdlock.WithLocalHandoff(5))
+	name := lockName(t)
+	m := etcdlock.NewMutex(s, name)
+	ctx := testContext(t)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext: %v", err)
+	}
+	lost := m.Token()
+	done := m.Done()
+	next := lockInGoroutine(t, ctx, ours{m})
+	eventually(t, "the second goroutine queued", func() bool { return etcdlock.Queued(s, name) == 1 })
+	deleteKey(t, client, m.Key())
+	wantClosed(t, "Mutex", done)
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Errorf("UnlockContext of the lost hold: got %v, want ErrLockLost", err)
+	}
+	if err := waitErr(t, next.locked); err != nil {
+		t.Fatalf("next goroutine's LockContext: got %v, want nil", err)
+	}
+	tok := m.Token()
+	kvs, err := queueKeys(ctx, client, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok == lost || len(kvs) != 1 || kvs[0].CreateRevision != tok {
+		t.Errorf("next goroutine's hold: token %d (lost one %d), keys in etcd %v; want a new key whose create revision is the token", tok, lost, kvs)
+	}
+	if err := next.Release(); err != nil {
+		t.Errorf("unlock: %v", err)
+	}
+}
