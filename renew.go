@@ -17,7 +17,7 @@ var errNoLease = fmt.Errorf("%w: the lease was lost and a new one is not granted
 // use is lost, until the Session ends: it revokes the lost lease (which
 // deletes what may be left of its keys, where it was lost to silence), grants
 // a new one and makes it the lease in use, retrying with backoff and
-// reporting each failure to the observers.
+// reporting each failure to the observers. A closed client ends the Session.
 func (s *Session) renew() {
 	retry := newBackoff()
 	for {
@@ -35,6 +35,12 @@ func (s *Session) renew() {
 				}
 				retry.reset()
 				break
+			}
+			if s.clientClosed() {
+				// No lease can ever be had: the Session ends, and says
+				// nothing more.
+				s.endLife()
+				return
 			}
 			if s.life.Err() != nil {
 				return
@@ -108,7 +114,7 @@ func (s *Session) begin(ctx context.Context, wait time.Duration) (*leaseTerm, er
 		case !tm.Expired():
 			return tm, nil
 		case s.ended():
-			return nil, ErrSessionExpired
+			return nil, s.endedErr()
 		case wait == tryOnly:
 			return nil, errNoLease
 		}
@@ -117,11 +123,26 @@ func (s *Session) begin(ctx context.Context, wait time.Duration) (*leaseTerm, er
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-s.life.Done():
-			return nil, ErrSessionExpired
+			return nil, s.endedErr()
 		case <-expire:
 			return nil, errNoLease
 		}
 	}
+}
+
+// errClientClosed is the error of a call on a Session whose client was
+// closed: no lease can be kept or had any more.
+var errClientClosed = fmt.Errorf("%w: its client was closed", ErrSessionExpired)
+
+// clientClosed reports whether the Session's client was closed.
+func (s *Session) clientClosed() bool { return s.client.Ctx().Err() != nil }
+
+// endedErr returns the error of a call on the ended Session.
+func (s *Session) endedErr() error {
+	if s.clientClosed() {
+		return errClientClosed
+	}
+	return ErrSessionExpired
 }
 
 // lockable reports whether err, from an acquisition, leaves the lock

@@ -11,6 +11,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,5 +267,40 @@ func TestHandOffOfLostHold(t *testing.T) {
 	}
 	if err := next.Release(); err != nil {
 		t.Errorf("unlock: %v", err)
+	}
+}
+
+// TestRenewalClientClosed: a Session made WithRenewal whose client is closed
+// can never lease again: it ends (Done closes), its calls return at once
+// with ErrSessionExpired, and it reports nothing after that.
+func TestRenewalClientClosed(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, client := startServer(t)
+	c := startClient(t, client)
+	var failed atomic.Int64
+	s := newSession(t, c, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second),
+		etcdlock.WithObserver(etcdlock.ObserverFunc(func(e etcdlock.Event) {
+			if e.Kind == etcdlock.SessionFailed {
+				failed.Add(1)
+			}
+		})))
+	if err := c.Close(); err != nil {
+		t.Fatalf("close the client: %v", err)
+	}
+	if _, ok := closedWithin(s.Done(), expiredBound); !ok {
+		t.Fatalf("Session.Done still open %v after its client was closed", expiredBound)
+	}
+	before := failed.Load()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(testContext(t), 3*time.Second)
+	defer cancel()
+	err := etcdlock.NewMutex(s, lockName(t)).LockContext(ctx)
+	if !errors.Is(err, etcdlock.ErrSessionExpired) {
+		t.Errorf("LockContext on the ended Session: got %v, want ErrSessionExpired", err)
+	}
+	checkBound(t, "LockContext on the ended Session", time.Since(start), expiredBound)
+	time.Sleep(1500 * time.Millisecond) // the renewal's backoff is at most 1 s
+	if n := failed.Load() - before; n != 0 {
+		t.Errorf("SessionFailed events after the Session ended: got %d, want 0", n)
 	}
 }
