@@ -1,6 +1,11 @@
 package queue
 
-import "errors"
+import (
+	"errors"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+)
 
 // The protocol's errors. The caller maps them to its own: none of them
 // reaches a user as is.
@@ -20,3 +25,22 @@ var (
 	// ErrWatchClosed: etcd's client closed a watch that we did not cancel.
 	ErrWatchClosed = errors.New("etcdlock: watch closed")
 )
+
+// refused reports whether err is etcd's refusal of a request: a reply from
+// the server that it did not apply it (permission denied, a lease not
+// found, no space, too many requests, a bad request). Any other error, a
+// lost reply or a deadline during the call among them, leaves the request
+// maybe applied, or maybe applied later.
+func refused(err error) bool {
+	var e rpctypes.EtcdError
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() {
+	case codes.InvalidArgument, codes.OutOfRange, codes.NotFound, codes.AlreadyExists,
+		codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated,
+		codes.ResourceExhausted, codes.Unimplemented:
+		return true
+	}
+	return false
+}

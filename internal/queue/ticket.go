@@ -171,6 +171,14 @@ func (t *Ticket) mayPut() clientv3.Cmp {
 // its reply comes, the key may be put.
 func (t *Ticket) sent() { t.set(keyUnsure, 0) }
 
+// unsent records the error of a Txn that may have put our key: where etcd
+// refused it, nothing was put, and nothing can be later.
+func (t *Ticket) unsent(err error) {
+	if t.state == keyUnsure && refused(err) {
+		t.set(keyAbsent, 0)
+	}
+}
+
 // put is the Op that puts our key with the lease.
 func (t *Ticket) put() clientv3.Op {
 	return clientv3.OpPut(t.key, t.value, clientv3.WithLease(t.c.Lease.ID()))
@@ -331,7 +339,8 @@ func (t *Ticket) enqueue(ctx context.Context) ([]place, error) {
 	resp, err := t.c.KV.Txn(rctx).If(cmps...).Then(ops...).Else(mine...).Commit()
 	if err != nil {
 		// D3: the Txn may have been applied though the reply was lost, or
-		// may be applied later: the keys stay unsure.
+		// may be applied later: the keys stay unsure, unless etcd refused it.
+		t.unsent(err)
 		return nil, err
 	}
 	ps, err := t.placed(resp)
@@ -387,6 +396,7 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 		}
 		resp, err := txn.Commit()
 		if err != nil {
+			t.unsent(err)
 			return nil, err
 		}
 		if resp == nil || resp.Header == nil {

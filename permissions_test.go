@@ -1,0 +1,150 @@
+package etcdlock_test
+
+// Locks under etcd's authentication: a request etcd refuses was not applied,
+// so it is an error every time and leaves nothing to clean up or wait for;
+// and the permissions docs/api.md gives a lock are enough.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
+)
+
+// A grant is a permission on a range of keys: [key, end), or key alone when
+// end is "", or every key from key on when end is "\x00".
+type permission struct {
+	key, end string
+	perm     clientv3.PermissionType
+}
+
+// prefixPermission returns a permission on every key that starts with pfx.
+func prefixPermission(pfx string, perm clientv3.PermissionType) permission {
+	return permission{pfx, clientv3.GetPrefixRangeEnd(pfx), perm}
+}
+
+// authServer starts an embedded etcd with authentication on, and returns a
+// client of its root user and a client of a user whose one role has perms.
+// Authentication is turned off again before the server stops.
+func authServer(t *testing.T, perms ...permission) (root, user *clientv3.Client, role string) {
+	t.Helper()
+	_, open := startServer(t)
+	ctx := testContext(t)
+	role = "locker"
+	steps := []func() error{
+		func() error { _, err := open.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := open.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := open.RoleAdd(ctx, role); return err },
+		func() error { _, err := open.UserAdd(ctx, "locker", "lockerpw"); return err },
+		func() error { _, err := open.UserGrantRole(ctx, "locker", role); return err },
+	}
+	for _, p := range perms {
+		steps = append(steps, func() error {
+			_, err := open.RoleGrantPermission(ctx, role, p.key, p.end, p.perm)
+			return err
+		})
+	}
+	steps = append(steps, func() error { _, err := open.AuthEnable(ctx); return err })
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("auth setup, step %d: %v", i, err)
+		}
+	}
+	root = authClient(t, open.Endpoints(), "root", "rootpw")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		if _, err := root.AuthDisable(ctx); err != nil {
+			t.Errorf("auth disable: %v", err)
+		}
+	})
+	return root, authClient(t, open.Endpoints(), "locker", "lockerpw"), role
+}
+
+// authClient returns a client of endpoints that logs in as user, closed by
+// t.Cleanup.
+func authClient(t *testing.T, endpoints []string, user, password string) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: user, Password: password,
+	})
+	if err != nil {
+		t.Fatalf("client of %s: %v", user, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestRefusedIsNoMaybe: under a role that may read but not write the lock's
+// keys, every lock call returns etcd's refusal, every time, at once: a
+// refused request was not applied, so there is nothing to clean up and
+// nothing to wait for. Once the role may write, the same locks work.
+func TestRefusedIsNoMaybe(t *testing.T) {
+	testflags.ParallelShort(t)
+	root, user, role := authServer(t, permission{"\x00", "\x00", clientv3.PermissionType(clientv3.PermRead)})
+	s := newSession(t, user)
+	name := lockName(t)
+	opens := []struct {
+		name string
+		open func(*etcdlock.Session, string) famLock
+	}{{"mutex", openMutex}, {"writer", openWriter}, {"reader", openReader}, {"semaphore", openSemaphore(2)}, {"multi", openMulti}}
+	locks := make([]famLock, len(opens))
+	for i, o := range opens {
+		locks[i] = o.open(s, name+"/"+o.name)
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Errorf("%s: got %v, want permission denied", what, err)
+		}
+	}
+	for round := range 3 {
+		for i, l := range locks {
+			what := opens[i].name
+			ctx, cancel := context.WithTimeout(testContext(t), time.Second)
+			refused(what+": lock", l.Lock(ctx))
+			ok, err := l.TryLock(ctx, 0)
+			if ok {
+				t.Errorf("%s: TryLock: got true, want false", what)
+			}
+			refused(what+": try", err)
+			ok, err = l.TryLock(ctx, 200*time.Millisecond)
+			if ok {
+				t.Errorf("%s: TryLock for 200 ms: got true, want false", what)
+			}
+			refused(what+": try for 200 ms", err)
+			cancel()
+		}
+		if t.Failed() {
+			t.Fatalf("round %d failed", round)
+		}
+	}
+	if keys := lockKeys(t, root, name); len(keys) != 0 {
+		t.Errorf("keys after the refused calls: got %v, want none", keys)
+	}
+	if resp, err := root.TimeToLive(testContext(t), s.Lease(), clientv3.WithAttachedKeys()); err != nil || len(resp.Keys) != 0 {
+		t.Errorf("keys on the Session's lease after the refused calls: got %q (%v), want none", resp.Keys, err)
+	}
+
+	if _, err := root.RoleGrantPermission(testContext(t), role, "\x00", "\x00", clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+		t.Fatalf("grant write: %v", err)
+	}
+	for i, l := range locks {
+		ctx := testContext(t)
+		if err := l.Lock(ctx); err != nil {
+			t.Errorf("%s: lock once the role may write: got %v, want nil", opens[i].name, err)
+			continue
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Errorf("%s: unlock: %v", opens[i].name, err)
+		}
+	}
+}
