@@ -78,10 +78,19 @@ func newTerm(client *clientv3.Client, ctx context.Context, id clientv3.LeaseID, 
 		return nil, nil, err
 	}
 	tm := &leaseTerm{client: client, id: id, ttl: time.Duration(secs) * time.Second, cs: cs, next: make(chan struct{})}
-	tm.conn = &queue.Conn{KV: client, Watcher: client, Lease: tm, TTL: tm.ttl}
+	tm.conn = &queue.Conn{KV: client, Watcher: client, Lease: tm, TTL: tm.ttl, Fence: fenceKey(id)}
 	tm.lastAck.Store(time.Now().UnixNano())
 	return tm, acks, nil
 }
+
+// fencePrefix begins the key of each lease's fence (queue.Conn.Fence). It
+// has no "/": no lock's prefix holds it, so no lock, ours, etcd's
+// concurrency.Mutex or etcdctl lock, counts it as a holder.
+const fencePrefix = "etcdlock.fence."
+
+// fenceKey returns the fence key of the lease id: one key, put with the
+// lease only after a put's reply was lost, and gone with it.
+func fenceKey(id clientv3.LeaseID) string { return fmt.Sprintf("%s%x", fencePrefix, id) }
 
 // acked records a keep-alive acknowledgement, now.
 func (tm *leaseTerm) acked() { tm.lastAck.Store(time.Now().UnixNano()) }

@@ -46,7 +46,9 @@ type Session struct {
 	// taken under a record's.
 	bgMu    sync.Mutex
 	closing bool           // no new background work, and no new term, once set
-	bg      sync.WaitGroup // background goroutines: keep-alive readers, renewal, cleanups, hold monitors
+	bg      sync.WaitGroup // background goroutines: keep-alive readers, renewal, retries, hold monitors
+
+	retries retryQueue // the deletes etcd did not confirm, retried by one goroutine (ticket.go's alone)
 
 	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
 

@@ -11,11 +11,15 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/testflags"
@@ -302,5 +306,158 @@ func TestRenewalClientClosed(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // the renewal's backoff is at most 1 s
 	if n := failed.Load() - before; n != 0 {
 		t.Errorf("SessionFailed events after the Session ended: got %d, want 0", n)
+	}
+}
+
+// leaseKeys returns the keys attached to the lease.
+func leaseKeys(t *testing.T, client *clientv3.Client, lease clientv3.LeaseID) []string {
+	t.Helper()
+	resp, err := client.TimeToLive(testContext(t), lease, clientv3.WithAttachedKeys())
+	if err != nil {
+		t.Fatalf("TimeToLive(%x): %v", lease, err)
+	}
+	keys := make([]string, len(resp.Keys))
+	for i, k := range resp.Keys {
+		keys[i] = string(k)
+	}
+	return keys
+}
+
+// maxBookkeeping is how many keys a Session may keep on a lease besides the
+// lock keys it holds or waits with, whatever the number of failures.
+const maxBookkeeping = 1
+
+// loseReply applies the Txn in etcd and then fails the call as a lost
+// reply does.
+func loseReply(_ context.Context, invoke func() error) error {
+	if err := invoke(); err != nil {
+		return err
+	}
+	return status.Error(codes.Unavailable, "test: reply lost")
+}
+
+// TestBookkeepingBounded: acquisitions whose replies are lost, and
+// acquisitions during an outage whose requests may never reach etcd, leave no
+// more than maxBookkeeping keys on the Session's lease besides lock keys,
+// however many they are, and no goroutine once etcd is back.
+func TestBookkeepingBounded(t *testing.T) {
+	testflags.ParallelShort(t)
+
+	t.Run("lost replies", func(t *testing.T) {
+		testflags.ParallelShort(t)
+		_, healthy := startServer(t)
+		fault := &txnFault{}
+		c := interceptedClient(t, healthy.Endpoints(), fault.intercept, nil)
+		s := newSession(t, c)
+		name := lockName(t)
+		sem := etcdlock.NewSemaphore(s, name+"/sem", 2)
+		m := etcdlock.NewMutex(s, name+"/mutex")
+		ctx := testContext(t)
+		for i := range 200 {
+			fault.arm(0, 1, loseReply)
+			var err error
+			switch i % 3 {
+			case 0:
+				_, err = sem.TryAcquire(ctx, 0)
+			case 1:
+				_, err = m.TryLockFor(ctx, 0)
+			default:
+				err = m.LockContext(ctx)
+			}
+			if err == nil {
+				t.Fatalf("acquisition %d with its reply lost: got nil, want an error", i)
+			}
+		}
+		eventually(t, "no lock key left", func() bool { return len(lockKeys(t, healthy, name+"/sem")) == 0 && len(lockKeys(t, healthy, name+"/mutex")) == 0 })
+		if keys := leaseKeys(t, healthy, s.Lease()); len(keys) > maxBookkeeping {
+			t.Errorf("keys on the lease after 200 acquisitions with lost replies: got %d (%q...), want ≤ %d", len(keys), keys[:min(3, len(keys))], maxBookkeeping)
+		}
+		fault.arm(0, 0, nil)
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatalf("LockContext after: %v", err)
+		}
+		if err := m.UnlockContext(ctx); err != nil {
+			t.Fatalf("UnlockContext after: %v", err)
+		}
+	})
+
+	t.Run("outage", func(t *testing.T) {
+		testflags.ParallelShort(t)
+		healthy, proxied, proxy := startProxied(t)
+		defer proxy.Unblackhole()
+		s := newSession(t, proxied, etcdlock.WithTTL(60*time.Second))
+		name := lockName(t)
+		sem := etcdlock.NewSemaphore(s, name, 2)
+		ctx := testContext(t)
+		p, err := sem.Acquire(ctx) // the client is connected, and etcd knows the lease
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		before := runtime.NumGoroutine()
+		proxy.Blackhole()
+		const attempts = 30
+		for range attempts {
+			actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			if _, err := sem.TryAcquire(actx, 0); err == nil {
+				t.Fatal("TryAcquire during the outage: got nil, want an error")
+			}
+			cancel()
+		}
+		during := runtime.NumGoroutine()
+		proxy.Unblackhole()
+		start := time.Now()
+		eventually(t, "the goroutines back to where they were", func() bool { return runtime.NumGoroutine() <= before+2 })
+		t.Logf("goroutines back after %v", time.Since(start))
+		if keys := lockKeys(t, healthy, name); len(keys) != 0 {
+			t.Errorf("lock keys after the outage: got %q, want none", keys)
+		}
+		keys := leaseKeys(t, healthy, s.Lease())
+		if len(keys) > maxBookkeeping {
+			t.Errorf("keys on the lease after %d attempts during an outage: got %d (%q...), want ≤ %d", attempts, len(keys), keys[:min(3, len(keys))], maxBookkeeping)
+		}
+		t.Logf("goroutines: %d before the outage, %d after %d failed attempts, %d after; keys on the lease: %q", before, during, attempts, runtime.NumGoroutine(), keys)
+		if during > before+attempts/3 {
+			t.Errorf("goroutines after %d failed attempts during the outage: got %d (from %d), want at most a few more", attempts, during, before)
+		}
+	})
+}
+
+// TestParentLockFree: what a lock keeps in etcd besides its keys lies
+// where no other lock counts it: after failures of jobs/nightly with nothing
+// held or waited for, concurrency.Mutex (so etcdctl lock) and our Mutex take
+// "jobs" at once.
+func TestParentLockFree(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, healthy := startServer(t)
+	fault := &txnFault{}
+	c := interceptedClient(t, healthy.Endpoints(), fault.intercept, nil)
+	s := newSession(t, c)
+	parent := lockName(t)
+	m := etcdlock.NewMutex(s, parent+"/nightly")
+	ctx := testContext(t)
+	for range 5 {
+		fault.arm(0, 1, loseReply)
+		if err := m.LockContext(ctx); err == nil {
+			t.Fatal("LockContext with its reply lost: got nil, want an error")
+		}
+	}
+	fault.arm(0, 0, nil)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	up := concurrency.NewMutex(newUpstreamSession(t, healthy, 10), parent)
+	if err := up.TryLock(ctx); err != nil {
+		t.Errorf("concurrency.Mutex(%q).TryLock with nothing held or waited for: got %v, want nil (keys under it: %v)", parent, err, lockKeys(t, healthy, parent))
+	} else if err := up.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := etcdlock.NewMutex(newSession(t, healthy), parent).TryLockFor(ctx, 0); !ok || err != nil {
+		t.Errorf("Mutex(%q).TryLockFor: got (%v, %v), want (true, nil)", parent, ok, err)
 	}
 }

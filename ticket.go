@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
@@ -39,7 +40,7 @@ type ticket struct {
 // newTicket returns a ticket for key, put with the lease of tm, with value,
 // in the queue of the lock name, of kind kind (KindMutex...), under rule r.
 func (s *Session) newTicket(tm *leaseTerm, name string, kind Kind, r *queue.Rule, key, value string) *ticket {
-	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value, s.marker(tm, name)), s: s, term: tm, lock: name, kind: kind}
+	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value), s: s, term: tm, lock: name, kind: kind}
 }
 
 // newGroupTicket returns one ticket for the Mutex keys of names (sorted),
@@ -50,13 +51,7 @@ func (s *Session) newGroupTicket(tm *leaseTerm, names []string, rules []*queue.R
 	for i, name := range names {
 		slots[i] = queue.Slot{Rule: rules[i], Key: fmt.Sprintf("%s/%x", name, tm.id), Value: s.identity}
 	}
-	return &ticket{Ticket: queue.NewGroup(tm.conn, s.marker(tm, names[0]), slots...), s: s, term: tm, lock: strings.Join(names, ","), kind: KindMulti}
-}
-
-// marker returns a new marker key for a ticket of the lock name, with the
-// lease of tm: outside every lock's prefix, and of that ticket alone.
-func (s *Session) marker(tm *leaseTerm, name string) string {
-	return fmt.Sprintf("%s\x00etcdlock/%x-%x", name, tm.id, s.seq.Add(1))
+	return &ticket{Ticket: queue.NewGroup(tm.conn, slots...), s: s, term: tm, lock: strings.Join(names, ","), kind: KindMulti}
 }
 
 // abort removes our key after a failed acquisition, if it may be in etcd, on
@@ -86,24 +81,106 @@ func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, erro
 // releaseLater retries the delete of our key in the background, with
 // backoff, until it succeeds or its lease ends (which ends an attempt under
 // way too: the revoke of the lease, by Close or renew, or its expiry deletes
-// the key anyway), then runs then (which may be nil).
+// the key anyway), then runs then (which may be nil). The retries of a
+// Session share one goroutine, however many deletes wait.
 func (t *ticket) releaseLater(then func()) {
-	sctx := t.term.ctx()
-	ok := t.s.goBackground(func() {
-		if then != nil {
-			defer then()
+	t.s.retries.add(t.s, retry{t, then})
+}
+
+// A retry is a delete that etcd did not confirm, and what runs after it.
+type retry struct {
+	t    *ticket
+	then func()
+}
+
+// done runs what comes after the delete.
+func (r retry) done() {
+	if r.then != nil {
+		r.then()
+	}
+}
+
+// retryQueue is a Session's deletes to retry, and whether its goroutine
+// runs.
+type retryQueue struct {
+	mu      sync.Mutex
+	pending []retry
+	running bool
+}
+
+// add queues r, and starts the goroutine that retries unless it runs. Where
+// the Session is closing, the revoke of its lease does the deletes: r, and
+// whatever else is queued, are done at once.
+func (q *retryQueue) add(s *Session, r retry) {
+	q.mu.Lock()
+	q.pending = append(q.pending, r)
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start && !s.goBackground(func() { q.run(s) }) {
+		for _, r := range q.stop() {
+			r.done()
 		}
-		for b := newBackoff(); b.wait(sctx) == nil; {
+	}
+}
+
+// stop takes every queued retry and marks the goroutine stopped.
+func (q *retryQueue) stop() []retry {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	todo := q.pending
+	q.pending, q.running = nil, false
+	return todo
+}
+
+// take returns the queued retries, or none once the queue is empty, which
+// stops the goroutine.
+func (q *retryQueue) take() []retry {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	todo := q.pending
+	q.pending = nil
+	q.running = len(todo) > 0
+	return todo
+}
+
+// put queues again the retries left of a round, before any added meanwhile.
+func (q *retryQueue) put(left []retry) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.pending = append(left, q.pending...)
+}
+
+// run retries the queued deletes, in rounds, until none is left: a round
+// tries each in turn, and stops at the first that fails (etcd is likely
+// unreachable), which goes last in the next round. A delete whose lease
+// ended, or whose Session did, is done without trying.
+func (q *retryQueue) run(s *Session) {
+	b := newBackoff()
+	for todo := q.take(); len(todo) > 0; todo = q.take() {
+		var left []retry
+		for i, r := range todo {
+			sctx := r.t.term.ctx()
+			if sctx.Err() != nil || s.life.Err() != nil {
+				r.done()
+				continue
+			}
 			ctx, cancel := context.WithTimeout(sctx, retryTimeout)
-			_, err := t.Delete(ctx)
+			_, err := r.t.Delete(ctx)
 			cancel()
 			if err == nil {
-				return
+				r.done()
+				continue
 			}
+			left = append(append(left, todo[i+1:]...), r)
+			break
 		}
-	})
-	if !ok && then != nil {
-		then()
+		if len(left) == 0 {
+			b.reset()
+			continue
+		}
+		q.put(left)
+		_ = b.wait(s.life)
 	}
 }
 

@@ -98,9 +98,9 @@ func FuzzPlaced(f *testing.F) {
 		if err := proto.Unmarshal(data, &resp); err != nil {
 			return
 		}
-		tk := NewTicket(nil, r, key, "", "")
-		ps, err := tk.placed((*clientv3.TxnResponse)(&resp))
-		if err != nil {
+		tk := NewTicket(&Conn{Fence: "fence"}, r, key, "")
+		ps, moved, err := tk.placed((*clientv3.TxnResponse)(&resp), 0)
+		if err != nil || moved {
 			return
 		}
 		p := ps[0]

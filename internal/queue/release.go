@@ -38,60 +38,86 @@ func guarded(resp *clientv3.TxnResponse, err error) error {
 // group: all of them).
 // Keys known to be put are deleted fenced on their create revision (D6): a
 // group's in one Txn, and where one was lost, the others each fenced on its
-// own. Where a put is unsure, one Txn writes the marker, which fails every
-// put of the ticket that etcd has yet to apply, and deletes the keys by
-// name: only this ticket uses them meanwhile (a Mutex's key is its
-// process's turn, and a group holds the turn of each of its locks). The
-// marker makes that Txn act once: a retry, or a copy of it applied late, can
-// never delete a later key of the same name. With nothing put, it does
-// nothing.
+// own. Where a put is unsure, one Txn first writes the fence, which fails
+// every put of the lease that etcd has yet to apply, and reads our keys: what
+// it finds was put by this ticket (only this ticket uses them meanwhile), and
+// is then deleted fenced on its create revision. With nothing put, it does
+// nothing. A retry, or a copy of any of these Txns applied late, can never
+// delete a later key of the same name.
 func (t *Ticket) Delete(ctx context.Context) (bool, error) {
+	switch t.state {
+	case keyAbsent:
+		return false, nil
+	case keyUnsure:
+		found, err := t.fence(ctx)
+		if err != nil || !found {
+			return false, err
+		}
+	}
 	dels := make([]clientv3.Op, len(t.group))
 	for i, m := range t.group {
 		dels[i] = clientv3.OpDelete(m.key)
 	}
-	txn := t.c.KV.Txn(ctx)
-	switch t.state {
-	case keyAbsent:
-		return false, nil
-	case keyPut:
-		ours := t.Ours()
-		txn = txn.If(ours...).Then(dels...)
-		if len(t.group) > 1 {
-			each := make([]clientv3.Op, len(t.group))
-			for i := range t.group {
-				each[i] = clientv3.OpTxn([]clientv3.Cmp{ours[i]}, []clientv3.Op{dels[i]}, nil)
-			}
-			txn = txn.Else(each...)
+	ours := t.Ours()
+	txn := t.c.KV.Txn(ctx).If(ours...).Then(dels...)
+	if len(t.group) > 1 {
+		each := make([]clientv3.Op, len(t.group))
+		for i := range t.group {
+			each[i] = clientv3.OpTxn([]clientv3.Cmp{ours[i]}, []clientv3.Op{dels[i]}, nil)
 		}
-	default:
-		txn = txn.If(t.mayPut()).Then(append([]clientv3.Op{clientv3.OpPut(t.marker, "", clientv3.WithLease(t.c.Lease.ID()))}, dels...)...)
+		txn = txn.Else(each...)
 	}
 	resp, err := txn.Commit()
 	switch {
-	case t.state == keyUnsure && errors.Is(err, rpctypes.ErrLeaseNotFound):
-		// The lease is gone, and every key with it: no put of ours can
-		// succeed.
-		return false, nil
 	case err != nil:
 		return false, err
 	case resp == nil:
 		return false, ErrMalformed
-	case t.state == keyPut || !resp.Succeeded:
-		return resp.Succeeded, nil
 	}
-	if len(resp.Responses) != 1+len(t.group) {
+	return resp.Succeeded, nil
+}
+
+// fence ends an unsure put: it writes the fence, so that no put of the lease
+// sent before can be applied any more, and reads our keys at that revision.
+// It reports whether a key was found: the ticket is then put, at that key's
+// create revision; else absent.
+func (t *Ticket) fence(ctx context.Context) (bool, error) {
+	ops := make([]clientv3.Op, 0, 1+len(t.group))
+	ops = append(ops, clientv3.OpPut(t.c.Fence, "", clientv3.WithLease(t.c.Lease.ID())))
+	for _, m := range t.group {
+		ops = append(ops, clientv3.OpGet(m.key, clientv3.WithKeysOnly()))
+	}
+	resp, err := t.c.KV.Txn(ctx).Then(ops...).Commit()
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// The lease is gone, and every key with it: no put of ours can
+		// succeed.
+		t.set(keyAbsent, 0)
+		return false, nil
+	case err != nil:
+		return false, err
+	case resp == nil || resp.Header == nil || len(resp.Responses) != len(ops):
 		return false, ErrMalformed
 	}
-	deleted := false
+	t.c.fenceSeen(resp.Header.Revision)
+	var rev int64
 	for _, reply := range resp.Responses[1:] {
-		d := reply.GetResponseDeleteRange()
-		if d == nil {
+		r := reply.GetResponseRange()
+		if r == nil || len(r.Kvs) > 1 {
 			return false, ErrMalformed
 		}
-		deleted = deleted || d.Deleted > 0
+		// A group's keys are put by one Txn, at one revision: a key at
+		// another was not put by this ticket.
+		if len(r.Kvs) == 1 && rev == 0 {
+			rev = r.Kvs[0].CreateRevision
+		}
 	}
-	return deleted, nil
+	if rev <= 0 {
+		t.set(keyAbsent, 0)
+		return false, nil
+	}
+	t.set(keyPut, rev)
+	return true, nil
 }
 
 // graceContext returns a context that ends grace after ctx ends (or when

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -42,8 +43,9 @@ type Lease interface {
 	Gone()
 }
 
-// A Conn is what a ticket talks to: etcd, the lease of its keys, and the
-// period of the reads that catch a lost watch event.
+// A Conn is what a ticket talks to: etcd, the lease of its keys, the
+// period of the reads that catch a lost watch event, and the fence of the
+// lease's puts.
 type Conn struct {
 	KV      clientv3.KV
 	Watcher clientv3.Watcher
@@ -51,31 +53,70 @@ type Conn struct {
 	// TTL is how often a wait reads its place, whatever its watches say:
 	// a lost event costs at most that.
 	TTL time.Duration
+	// Fence is the key that fences the late puts of the lease's tickets:
+	// one key per lease, put with it, which no lock counts (its name has
+	// no "/", so it lies under no lock's prefix). Every Txn that may put a
+	// key of a ticket requires the fence unchanged since the ticket last
+	// read it; the delete of an unsure put writes it first, so that a put
+	// applied after that delete fails, whichever ticket sent it.
+	Fence string
+
+	fenceRev atomic.Int64 // the fence's mod revision, as last seen; 0 while it is absent
+}
+
+// fenceSeen records the fence's mod revision as a reply of etcd gave it. A
+// reply older than one already seen is ignored, except one that finds the
+// fence gone (deleted by hand): a wrong guess costs one more Txn, which
+// reads it again.
+func (c *Conn) fenceSeen(rev int64) {
+	for {
+		cur := c.fenceRev.Load()
+		if rev == cur || (rev < cur && rev != 0) || c.fenceRev.CompareAndSwap(cur, rev) {
+			return
+		}
+	}
+}
+
+// unfenced returns the compare every Txn that may put a key carries: the
+// fence is as last seen (rev), so no delete of an unsure put has run since.
+func (c *Conn) unfenced(rev int64) clientv3.Cmp {
+	return clientv3.Compare(clientv3.ModRevision(c.Fence), "=", rev)
+}
+
+// readFence is the Op that reads the fence, after a Txn's compare failed.
+func (c *Conn) readFence() clientv3.Op { return clientv3.OpGet(c.Fence, clientv3.WithKeysOnly()) }
+
+// fenceMoved reads the reply of readFence: whether the fence is no longer
+// at rev, which a failed compare was made with; it records what it read.
+func (c *Conn) fenceMoved(reply *pb.ResponseOp, rev int64) (bool, error) {
+	r := reply.GetResponseRange()
+	if r == nil || len(r.Kvs) > 1 {
+		return false, ErrMalformed
+	}
+	var now int64
+	if len(r.Kvs) == 1 {
+		now = r.Kvs[0].ModRevision
+	}
+	c.fenceSeen(now)
+	return now != rev, nil
 }
 
 // A Ticket is one key of ours in a queue, from its enqueue to its release;
 // or, made by NewGroup, one key in each of several queues, all put by one
 // Txn, so at one revision, and held together.
 //
-// What the ticket knows of its keys in etcd (state and rev) and the marker
-// that fences their late puts are owned together: they decide which keys,
-// if any, a delete removes, and how.
+// What the ticket knows of its keys in etcd (state and rev) decides which
+// keys, if any, a delete removes, and how.
 type Ticket struct {
 	c     *Conn
 	rule  *Rule
-	key   string
-	value string
-	// marker is a key of this ticket's own, outside every lock's prefix,
-	// that every Txn of the ticket that may put its key requires absent;
-	// the delete of an unsure put writes it, so that a put applied after
-	// the delete fails (a request held up in the network, or sent to a
-	// member that applies it late).
-	marker    string
+	key       string
+	value     string
 	state     keyState
 	rev       int64 // the key's create revision, the fencing token, while state is keyPut
 	contended bool  // the acquisition waited for another holder
 	// group is every ticket of the acquisition, this one first: one key per
-	// queue, one marker, one state and one revision for all (set).
+	// queue, one state and one revision for all (set).
 	group []*Ticket
 }
 
@@ -86,14 +127,14 @@ const (
 	keyAbsent keyState = iota // not put, or deleted: nothing to delete
 	keyPut                    // put at rev, which fences its delete
 	// keyUnsure: a Txn that may put the key got no reply; it may have been
-	// applied, or may be yet. Only a delete that writes the marker ends it.
+	// applied, or may be yet. Only a delete that writes the fence ends it.
 	keyUnsure
 )
 
 // NewTicket returns a ticket for key, with value, in the queue of rule r.
-// marker must be a key of this ticket alone, outside every lock's prefix.
-func NewTicket(c *Conn, r *Rule, key, value, marker string) *Ticket {
-	t := &Ticket{c: c, rule: r, key: key, value: value, marker: marker}
+// Until the ticket ends, no other ticket of the lease may use key.
+func NewTicket(c *Conn, r *Rule, key, value string) *Ticket {
+	t := &Ticket{c: c, rule: r, key: key, value: value}
 	t.group = []*Ticket{t}
 	return t
 }
@@ -109,13 +150,12 @@ type Slot struct {
 // one; no key may lie in another's queue as a member), which it puts in one
 // Txn, at one revision: it holds when every queue says so. A key waits only
 // for older keys, and all keys of a group are as old as each other, so
-// groups that wait for each other cannot wait in a cycle. One marker, a key
-// of this ticket alone outside every lock's prefix, fences the late puts of
-// all its keys.
-func NewGroup(c *Conn, marker string, slots ...Slot) *Ticket {
+// groups that wait for each other cannot wait in a cycle. Until the ticket
+// ends, no other ticket of the lease may use its keys.
+func NewGroup(c *Conn, slots ...Slot) *Ticket {
 	group := make([]*Ticket, len(slots))
 	for i, sl := range slots {
-		group[i] = &Ticket{c: c, rule: sl.Rule, key: sl.Key, value: sl.Value, marker: marker}
+		group[i] = &Ticket{c: c, rule: sl.Rule, key: sl.Key, value: sl.Value}
 	}
 	for _, t := range group {
 		t.group = group
@@ -160,12 +200,6 @@ func (t *Ticket) Contended() bool { return t.contended }
 // MayBeInEtcd reports whether the key is, or may yet be, in etcd: a failed
 // acquisition must then delete it.
 func (t *Ticket) MayBeInEtcd() bool { return t.state != keyAbsent }
-
-// mayPut returns the compare every Txn that may put our key carries: our
-// marker is absent, so no delete has run yet.
-func (t *Ticket) mayPut() clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(t.marker), "=", 0)
-}
 
 // sent records that a Txn that may put our key is about to be sent: until
 // its reply comes, the key may be put.
@@ -306,9 +340,9 @@ func (t *Ticket) Ours() []clientv3.Cmp {
 }
 
 // enqueueOps returns what every Txn that may put our keys carries: the
-// compares that each key is absent, and our marker too; and the Ops that put
-// every key and then read the newest keys of each queue.
-func (t *Ticket) enqueueOps() ([]clientv3.Cmp, []clientv3.Op) {
+// compares that each key is absent, and that the fence is at fence; and the
+// Ops that put every key and then read the newest keys of each queue.
+func (t *Ticket) enqueueOps(fence int64) ([]clientv3.Cmp, []clientv3.Op) {
 	cmps := make([]clientv3.Cmp, 0, len(t.group)+1)
 	ops := make([]clientv3.Op, 0, 2*len(t.group))
 	var reads []clientv3.Op
@@ -317,7 +351,7 @@ func (t *Ticket) enqueueOps() ([]clientv3.Cmp, []clientv3.Op) {
 		ops = append(ops, m.put())
 		reads = append(reads, m.rule.newest()...)
 	}
-	return append(cmps, t.mayPut()), append(ops, reads...)
+	return append(cmps, t.c.unfenced(fence)), append(ops, reads...)
 }
 
 // enqueue puts our keys, if none is there, and reads their places, in one
@@ -330,22 +364,27 @@ func (t *Ticket) enqueue(ctx context.Context) ([]place, error) {
 	// a cleanup sent while the Txn is still in flight could be applied first.
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
-	t.sent()
-	cmps, ops := t.enqueueOps()
-	mine := make([]clientv3.Op, len(t.group))
+	mine := make([]clientv3.Op, len(t.group), len(t.group)+1)
 	for i, m := range t.group {
 		mine[i] = clientv3.OpGet(m.key)
 	}
-	resp, err := t.c.KV.Txn(rctx).If(cmps...).Then(ops...).Else(mine...).Commit()
-	if err != nil {
-		// D3: the Txn may have been applied though the reply was lost, or
-		// may be applied later: the keys stay unsure, unless etcd refused it.
-		t.unsent(err)
-		return nil, err
-	}
-	ps, err := t.placed(resp)
-	if err != nil {
-		return nil, err
+	mine = append(mine, t.c.readFence())
+	var ps []place
+	for moved := true; moved; {
+		fence := t.c.fenceRev.Load()
+		t.sent()
+		cmps, ops := t.enqueueOps(fence)
+		resp, err := t.c.KV.Txn(rctx).If(cmps...).Then(ops...).Else(mine...).Commit()
+		if err != nil {
+			// D3: the Txn may have been applied though the reply was
+			// lost, or may be applied later: the keys stay unsure, unless
+			// etcd refused it.
+			t.unsent(err)
+			return nil, err
+		}
+		if ps, moved, err = t.placed(resp, fence); err != nil {
+			return nil, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -354,6 +393,7 @@ func (t *Ticket) enqueue(ctx context.Context) ([]place, error) {
 		if ps[i].verdict == unread {
 			// Our key was already there (WithLease), or the keys the Txn
 			// read could not tell our place (D11): read it.
+			var err error
 			if ps[i], err = m.read(ctx); err != nil {
 				return nil, err
 			}
@@ -385,13 +425,15 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 		readFirst = readFirst || m.rule.busy.Load()
 		blockers = append(blockers, m.blockers()...)
 	}
+	blockers = append(blockers, t.c.readFence())
 	for ; ; readFirst = false {
 		txn := t.c.KV.Txn(rctx)
+		fence := t.c.fenceRev.Load()
 		if readFirst {
 			txn = txn.Then(blockers...)
 		} else {
 			t.sent()
-			cmps, ops := t.enqueueOps()
+			cmps, ops := t.enqueueOps(fence)
 			txn = txn.If(append(slices.Clone(unchanged), cmps...)...).Then(ops...).Else(blockers...)
 		}
 		resp, err := txn.Commit()
@@ -403,7 +445,7 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 			return nil, ErrMalformed
 		}
 		if resp.Succeeded && !readFirst {
-			ps, err := t.placed(resp)
+			ps, _, err := t.placed(resp, fence)
 			for i, m := range t.group {
 				if err == nil && ps[i].verdict == unread {
 					ps[i], err = m.read(ctx)
@@ -416,6 +458,14 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 		}
 		if len(resp.Responses) != len(blockers) {
 			return nil, ErrMalformed
+		}
+		moved, err := t.c.fenceMoved(resp.Responses[len(blockers)-1], fence)
+		switch {
+		case err != nil:
+			return nil, err
+		case moved && !readFirst:
+			// A delete of an unsure put fenced our Txn: try again.
+			continue
 		}
 		ps := make([]place, len(t.group))
 		free := true
@@ -465,44 +515,50 @@ func (t *Ticket) blocked(ctx context.Context, replies []*pb.ResponseOp, seen int
 }
 
 // placed reads the reply of a Txn that put our keys if they were absent and
-// then read the rules' newest keys, or else read our keys: a place per key.
-// It sets the keys' rev. A place is unread when the reply could not tell it.
-func (t *Ticket) placed(resp *clientv3.TxnResponse) ([]place, error) {
+// the fence at fence, and then read the rules' newest keys, or else read our
+// keys and the fence: a place per key, or moved when the fence had moved
+// (nothing was put: send again). It sets the keys' rev. A place is unread
+// when the reply could not tell it.
+func (t *Ticket) placed(resp *clientv3.TxnResponse, fence int64) (ps []place, moved bool, err error) {
 	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 {
-		return nil, ErrMalformed
+		return nil, false, ErrMalformed
 	}
-	ps := make([]place, len(t.group))
+	ps = make([]place, len(t.group))
 	if !resp.Succeeded {
+		if len(resp.Responses) != len(t.group)+1 {
+			return nil, false, ErrMalformed
+		}
+		if moved, err := t.c.fenceMoved(resp.Responses[len(t.group)], fence); err != nil || moved {
+			t.set(keyAbsent, 0)
+			return nil, moved, err
+		}
 		// Our keys were already there: left by an earlier process with this
 		// lease (WithLease). Adopt them, as concurrency.Mutex does; a
 		// group's only if all are there at one revision, as one
 		// acquisition of the same keys put them.
-		if len(resp.Responses) != len(t.group) {
-			return nil, ErrMalformed
-		}
 		var rev int64
-		for _, reply := range resp.Responses {
+		for _, reply := range resp.Responses[:len(t.group)] {
 			mine := reply.GetResponseRange()
 			switch {
 			case mine == nil || len(mine.Kvs) > 1 || (len(mine.Kvs) == 1 && mine.Kvs[0].CreateRevision <= 0):
-				return nil, ErrMalformed
+				return nil, false, ErrMalformed
 			case len(t.group) == 1 && len(mine.Kvs) == 0:
-				return nil, ErrMalformed
+				return nil, false, ErrMalformed
 			case len(mine.Kvs) == 0 || (rev != 0 && rev != mine.Kvs[0].CreateRevision):
 				t.set(keyAbsent, 0)
-				return nil, ErrForeignKeys
+				return nil, false, ErrForeignKeys
 			}
 			rev = mine.Kvs[0].CreateRevision
 		}
 		t.set(keyPut, rev)
-		return ps, nil
+		return ps, false, nil
 	}
 	want := len(t.group)
 	for _, m := range t.group {
 		want += len(m.rule.newest())
 	}
 	if len(resp.Responses) != want {
-		return nil, ErrMalformed
+		return nil, false, ErrMalformed
 	}
 	t.set(keyPut, resp.Header.Revision)
 	replies := resp.Responses[len(t.group):]
@@ -510,11 +566,11 @@ func (t *Ticket) placed(resp *clientv3.TxnResponse) ([]place, error) {
 		n := len(m.rule.newest())
 		p, err := m.rule.placeNew(m.key, replies[:n], t.rev)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		ps[i], replies = p, replies[n:]
 	}
-	return ps, nil
+	return ps, false, nil
 }
 
 // read reads our place: one linearizable read, and no write, guarded by our
