@@ -7,12 +7,14 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/testflags"
@@ -146,5 +148,64 @@ func TestRefusedIsNoMaybe(t *testing.T) {
 		if err := l.Unlock(ctx); err != nil {
 			t.Errorf("%s: unlock: %v", opens[i].name, err)
 		}
+	}
+}
+
+// TestLockPermissions: a role with read and write on name/ and on the
+// fence keys (etcdlock.fence.), and nothing else, is enough for every
+// primitive of the lock name: to lock, to unlock, to clean up after a lost
+// reply, to renew the Session's lease, and to close the Session.
+func TestLockPermissions(t *testing.T) {
+	testflags.ParallelShort(t)
+	name := "perm/" + t.Name()
+	root, user, _ := authServer(t,
+		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
+		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)))
+	fault := &txnFault{}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: "locker", Password: "lockerpw",
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(fault.intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := etcdlock.NewSession(c, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatalf("NewSession: %v", err)
+	}
+	ctx := testContext(t)
+	for _, o := range []struct {
+		name string
+		open func(*etcdlock.Session, string) famLock
+	}{{"mutex", openMutex}, {"writer", openWriter}, {"reader", openReader}, {"semaphore", openSemaphore(2)}, {"multi", openMulti}} {
+		l := o.open(s, name)
+		fault.arm(0, 1, loseReply)
+		if err := l.Lock(ctx); err == nil {
+			t.Fatalf("%s: lock with its reply lost: got nil, want an error", o.name)
+		}
+		fault.arm(0, 0, nil)
+		if err := l.Lock(ctx); err != nil {
+			t.Fatalf("%s: lock: got %v, want nil", o.name, err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("%s: unlock: got %v, want nil", o.name, err)
+		}
+	}
+	if keys := leaseKeys(t, root, s.Lease()); len(keys) != 1 || keys[0] != "etcdlock.fence."+fmt.Sprintf("%x", s.Lease()) {
+		t.Errorf("keys on the lease: got %q, want the fence alone", keys)
+	}
+	revokeAndRenew(t, root, s)
+	m := etcdlock.NewMutex(s, name)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext on the renewed lease: %v", err)
+	}
+	held := s.Lease()
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: got %v, want nil", err)
+	}
+	if leaseAlive(t, root, held) {
+		t.Error("the lease outlived Close")
 	}
 }
