@@ -23,14 +23,14 @@ func (s *Session) renew() {
 	for {
 		old := s.term.Load()
 		select {
-		case <-old.cs.Done():
+		case <-old.ctx().Done():
 		case <-s.life.Done():
 			return
 		}
 		for {
-			next, acks, err := s.nextTerm(old)
+			next, err := s.nextTerm(old)
 			if err == nil {
-				if !s.install(old, next, acks) {
+				if !s.install(old, next) {
 					return
 				}
 				retry.reset()
@@ -54,39 +54,32 @@ func (s *Session) renew() {
 }
 
 // nextTerm revokes the lease of old and grants the next one, within
-// setupTimeout, and starts keeping it alive.
-func (s *Session) nextTerm(old *leaseTerm) (*leaseTerm, <-chan *clientv3.LeaseKeepAliveResponse, error) {
+// setupTimeout.
+func (s *Session) nextTerm(old *leaseTerm) (*leaseTerm, error) {
 	ctx, cancel := context.WithTimeout(s.life, setupTimeout)
 	defer cancel()
 	if err := old.revoke(ctx); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	id, secs, _, err := grant(ctx, s.client, s.ask, clientv3.NoLease)
+	id, secs, renewed, err := grant(ctx, s.client, s.ask, clientv3.NoLease)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	next, acks, err := newTerm(s.client, s.ctx, id, secs)
-	if err != nil {
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(s.ctx), revokeTimeout)
-		defer rcancel()
-		_, _ = s.client.Revoke(rctx, id)
-		return nil, nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
-	}
-	return next, acks, nil
+	return newTerm(s.client, s.ctx, id, secs, renewed), nil
 }
 
 // install makes next the lease in use, after old, and reports it; unless
 // the Session is ending, where it revokes next and reports false.
-func (s *Session) install(old, next *leaseTerm, acks <-chan *clientv3.LeaseKeepAliveResponse) bool {
+func (s *Session) install(old, next *leaseTerm) bool {
 	s.bgMu.Lock()
 	if s.closing {
 		s.bgMu.Unlock()
-		next.cs.Orphan()
+		next.end()
 		_ = next.revoke(context.WithoutCancel(s.ctx))
 		return false
 	}
 	s.term.Store(next)
-	s.startTerm(next, acks)
+	s.startTerm(next)
 	close(old.next)
 	s.bgMu.Unlock()
 	s.events.setLease(next.id)

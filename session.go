@@ -2,13 +2,11 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -216,7 +214,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	ctx, cancel := context.WithTimeout(o.ctx, setupTimeout)
 	defer cancel()
 	defer context.AfterFunc(setup, cancel)()
-	id, secs, granted, err := grant(ctx, client, o.ttl, o.lease)
+	id, secs, renewed, err := grant(ctx, client, o.ttl, o.lease)
 	if err != nil {
 		return nil, err
 	}
@@ -228,15 +226,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		ctx:         o.ctx,
 		revoked:     make(chan struct{}),
 	}
-	tm, acks, err := newTerm(client, o.ctx, id, secs)
-	if err != nil {
-		if granted {
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(o.ctx), revokeTimeout)
-			defer rcancel()
-			_, _ = client.Revoke(rctx, id)
-		}
-		return nil, fmt.Errorf("etcdlock: keep lease alive: %w", err)
-	}
+	tm := newTerm(client, o.ctx, id, secs, renewed)
 	s.ask = tm.ttl
 	s.events = newDispatch(o.observers, id)
 	s.life, s.endLife = context.WithCancel(context.Background())
@@ -244,7 +234,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	// Keys from an earlier process with the same lease (WithLease) were
 	// numbered from an earlier time: no key of ours can be one of theirs.
 	s.seq.Store(time.Now().UnixNano())
-	s.startTerm(tm, acks)
+	s.startTerm(tm)
 	if o.renew {
 		s.bg.Go(s.renew)
 	} else {
@@ -328,7 +318,7 @@ func (s *Session) stop() *leaseTerm {
 	tm := s.term.Load()
 	s.bgMu.Unlock()
 	s.endLife()
-	tm.cs.Orphan()
+	tm.end()
 	return tm
 }
 
@@ -346,7 +336,7 @@ func (s *Session) Done() <-chan struct{} {
 	if s.renews {
 		return s.life.Done()
 	}
-	return s.term.Load().cs.Done()
+	return s.term.Load().ctx().Done()
 }
 
 // Lease returns the ID of the Session's lease: the lease in use, with which
@@ -405,52 +395,52 @@ func (s *Session) goBackground(f func()) bool {
 	return true
 }
 
-// startTerm runs the background work of the term tm, once it is the
-// Session's: reading its keep-alive's acknowledgements and, for an observed
-// Session, probing the keep-alive. Both end with the term.
-func (s *Session) startTerm(tm *leaseTerm, acks <-chan *clientv3.LeaseKeepAliveResponse) {
-	s.bg.Go(func() {
-		for range acks {
-			tm.acked()
-		}
-	})
-	if s.events != nil {
-		s.bg.Go(func() { s.probeKeepAlive(tm) })
-	}
-}
+// startTerm runs the keep-alive of the term tm, once it is the Session's.
+func (s *Session) startTerm(tm *leaseTerm) { s.bg.Go(func() { s.keepAlive(tm) }) }
 
-// probeKeepAlive measures the keep-alive of the term tm for the observers:
-// every TTL/3 it renews the lease once more itself, and reports the round
-// trip and the margin the lease had left, counted from the last
-// acknowledgement on the term's keep-alive stream. It does not move that
-// clock: Done and the end of the term both count from the stream's
-// acknowledgements, so an observed Session warns as early as one that is
-// not.
-func (s *Session) probeKeepAlive(tm *leaseTerm) {
+// keepAlive keeps the lease of the term tm alive until the term ends: every
+// keepAliveEvery it renews the lease once (where etcd answers slowly, the
+// renewals overlap), and reports each renewal to the observers, with its
+// round trip and the margin the lease had left. It ends the term when a
+// whole TTL has passed since the last renewal etcd acknowledged was sent,
+// and when the client is closed: no renewal can come any more.
+func (s *Session) keepAlive(tm *leaseTerm) {
 	ctx := tm.ctx()
-	interval := tm.ttl / 3
-	tick := time.NewTicker(interval)
+	var calls sync.WaitGroup
+	defer calls.Wait()
+	renew := func() {
+		calls.Go(func() {
+			rtt, margin, err := tm.keepAlive(ctx)
+			if ctx.Err() == nil && s.events != nil {
+				s.events.emit(Event{Kind: KeptAlive, Time: time.Now(), Lease: tm.id, RTT: rtt, Margin: margin, TTL: tm.ttl, Err: err})
+			}
+		})
+	}
+	if tm.untilSilent() < tm.ttl/2 {
+		// An adopted lease (WithLease) may have little time left.
+		renew()
+	}
+	tick := time.NewTicker(tm.keepAliveEvery())
 	defer tick.Stop()
+	dead := time.NewTimer(tm.untilDead())
+	defer dead.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-s.client.Ctx().Done():
+			tm.end()
+			return
 		case <-tick.C:
-		}
-		last := time.Unix(0, tm.lastAck.Load())
-		start := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, interval)
-		_, err := s.client.KeepAliveOnce(rctx, tm.id)
-		cancel()
-		if ctx.Err() != nil {
+			renew()
+		case <-dead.C:
+			if d := tm.untilDead(); d > 0 {
+				dead.Reset(d)
+				continue
+			}
+			tm.end()
 			return
 		}
-		now := time.Now()
-		e := Event{Kind: KeptAlive, Time: now, Lease: tm.id, RTT: now.Sub(start), Margin: last.Add(tm.ttl).Sub(now), TTL: tm.ttl, Err: err}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			tm.Gone()
-		}
-		s.events.emit(e)
 	}
 }
 

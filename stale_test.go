@@ -12,16 +12,21 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -459,5 +464,168 @@ func TestParentLockFree(t *testing.T) {
 	}
 	if ok, err := etcdlock.NewMutex(newSession(t, healthy), parent).TryLockFor(ctx, 0); !ok || err != nil {
 		t.Errorf("Mutex(%q).TryLockFor: got (%v, %v), want (true, nil)", parent, ok, err)
+	}
+}
+
+// keepAliveMethod is the gRPC method of etcd's lease keep-alives.
+const keepAliveMethod = "/etcdserverpb.Lease/LeaseKeepAlive"
+
+// replyDelay records when each keep-alive request is sent, and once armed
+// holds the next keep-alive reply for a while, as a slow network does:
+// etcd renewed the lease when the request reached it, well before its reply
+// arrives.
+type replyDelay struct {
+	lastSend atomic.Int64  // when the last keep-alive request was sent (Unix ns)
+	next     atomic.Int64  // ns to hold the next reply; 0: none
+	held     chan struct{} // a reply arrived and is held (buffered: 1)
+}
+
+func (d *replyDelay) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != keepAliveMethod {
+		return cs, err
+	}
+	return &delayedStream{ClientStream: cs, d: d}, nil
+}
+
+// delayedStream passes each keep-alive reply on when it is due: at once,
+// or late for the one reply that arrives once armed. The replies of
+// requests sent one after the other still come one after the other.
+type delayedStream struct {
+	grpc.ClientStream
+	d       *replyDelay
+	once    sync.Once
+	replies chan heldReply // from read, until the stream's error
+	err     error          // the stream's error, once read
+}
+
+type heldReply struct {
+	resp *pb.LeaseKeepAliveResponse
+	due  time.Time
+	err  error
+}
+
+func (s *delayedStream) SendMsg(m any) error {
+	s.d.lastSend.Store(time.Now().UnixNano())
+	return s.ClientStream.SendMsg(m)
+}
+
+// read receives the replies as they arrive, and stamps when each is due.
+func (s *delayedStream) read() {
+	for {
+		resp := new(pb.LeaseKeepAliveResponse)
+		err := s.ClientStream.RecvMsg(resp)
+		r := heldReply{resp: resp, due: time.Now(), err: err}
+		if d := time.Duration(s.d.next.Swap(0)); err == nil && d > 0 {
+			r.due = r.due.Add(d)
+			s.d.held <- struct{}{}
+		}
+		select {
+		case s.replies <- r:
+		case <-s.Context().Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *delayedStream) RecvMsg(m any) error {
+	s.once.Do(func() {
+		s.replies = make(chan heldReply, 64)
+		go s.read()
+	})
+	if s.err != nil {
+		return s.err
+	}
+	var r heldReply
+	select {
+	case r = <-s.replies:
+	case <-s.Context().Done():
+		return s.Context().Err()
+	}
+	if r.err != nil {
+		s.err = r.err
+		return r.err
+	}
+	select {
+	case <-time.After(time.Until(r.due)):
+	case <-s.Context().Done():
+		return s.Context().Err()
+	}
+	out := m.(*pb.LeaseKeepAliveResponse)
+	proto.Reset(out)
+	proto.Merge(out, r.resp)
+	return nil
+}
+
+// TestWarningCountsFromSend: one keep-alive reply comes back 1.4 s late
+// (TTL 6 s), and the holder is cut off the moment it arrives, so that etcd's
+// last renewal of the lease is the one that reply answers. The lease lives
+// until a TTL after that renewal, at the least, and no longer than the next
+// check of etcd after that: Done must close two thirds of the TTL after the
+// renewal was sent (with some slack for timers), not two thirds of the TTL
+// after its reply came back, which believes in more lease than there is;
+// and before the next holder acquires.
+func TestWarningCountsFromSend(t *testing.T) {
+	testflags.ParallelShort(t)
+	srv := etcdtest.Start(t)
+	healthy := srv.Client(t)
+	_, proxy := srv.ProxiedClient(t)
+	defer proxy.Unblackhole()
+	d := &replyDelay{held: make(chan struct{}, 1)}
+	c := interceptedClient(t, proxy.Endpoints(), nil, d.intercept)
+	const (
+		ttl   = 6 * time.Second
+		late  = 1400 * time.Millisecond
+		slack = ttl / 12
+	)
+	s := aliveSession(t, c, ttl)
+	name := lockName(t)
+	m := etcdlock.NewMutex(s, name)
+	ctx := testContext(t)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	doneAt := closeTime(m.Done())
+	next := etcdlock.NewMutex(newSession(t, healthy), name)
+	acquired := make(chan time.Time, 1)
+	release := make(chan struct{})
+	released := result(func() error {
+		defer close(acquired)
+		if err := next.LockContext(ctx); err != nil {
+			return err
+		}
+		acquired <- time.Now()
+		<-release
+		return next.UnlockContext(ctx)
+	})
+	time.Sleep(ttl / 2) // keep-alives as usual
+	d.next.Store(int64(late))
+	select {
+	case <-d.held:
+	case <-time.After(testTimeout):
+		t.Fatal("no keep-alive reply came")
+	}
+	proxy.Blackhole()
+	cut := time.Now()
+	renewed := time.Unix(0, d.lastSend.Load())
+	at, ok := <-acquired
+	if !ok {
+		t.Fatal("the next holder did not acquire")
+	}
+	done := doneAt()
+	t.Logf("last renewal sent at 0, cut %v; Done closed %v; next holder acquired %v", cut.Sub(renewed).Round(time.Millisecond),
+		done.Sub(renewed).Round(time.Millisecond), at.Sub(renewed).Round(time.Millisecond))
+	if bound := renewed.Add(2*ttl/3 + slack); done.IsZero() || done.After(bound) {
+		t.Errorf("Done closed %v after the last renewal was sent, want ≤ %v", done.Sub(renewed).Round(time.Millisecond), 2*ttl/3+slack)
+	}
+	if !done.Before(at) {
+		t.Errorf("the cut-off holder's Done closed %v after the next holder acquired, want before", done.Sub(at).Round(time.Millisecond))
+	}
+	close(release)
+	if err := waitErr(t, released); err != nil {
+		t.Errorf("the next holder's unlock: %v", err)
 	}
 }
