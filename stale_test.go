@@ -373,7 +373,9 @@ func TestBookkeepingBounded(t *testing.T) {
 				t.Fatalf("acquisition %d with its reply lost: got nil, want an error", i)
 			}
 		}
-		eventually(t, "no lock key left", func() bool { return len(lockKeys(t, healthy, name+"/sem")) == 0 && len(lockKeys(t, healthy, name+"/mutex")) == 0 })
+		eventually(t, "no lock key left", func() bool {
+			return len(lockKeys(t, healthy, name+"/sem")) == 0 && len(lockKeys(t, healthy, name+"/mutex")) == 0
+		})
 		if keys := leaseKeys(t, healthy, s.Lease()); len(keys) > maxBookkeeping {
 			t.Errorf("keys on the lease after 200 acquisitions with lost replies: got %d (%q...), want ≤ %d", len(keys), keys[:min(3, len(keys))], maxBookkeeping)
 		}

@@ -108,8 +108,8 @@ func (c *Conn) fenceMoved(reply *pb.ResponseOp, rev int64) (bool, error) {
 // What the ticket knows of its keys in etcd (state and rev) decides which
 // keys, if any, a delete removes, and how.
 type Ticket struct {
-	c     *Conn
-	rule  *Rule
+	c         *Conn
+	rule      *Rule
 	key       string
 	value     string
 	state     keyState
