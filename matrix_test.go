@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -31,12 +33,21 @@ import (
 //     one TTL (the bound is 2 × (TTL + 1 s));
 //   - Done: it stays open while the key and the lease are there, and
 //     closes once they are gone (within 2 × 2 s), or once keep-alives went
-//     silent, before the lease can expire.
+//     silent, before the lease can expire;
+//   - bookkeeping: at most maxBookkeeping keys on each of the actor's
+//     leases besides lock keys, nothing under the lock's parent but the
+//     lock's keys, and etcd's concurrency.Mutex takes the parent once the
+//     lock is free; after every case, the goroutines the cases started are
+//     gone.
 //
 // Each case is named kind/call/fault. ETCDLOCK_MATRIX_LONG=1 runs the
 // sweep: every case at the first three occurrences of its call, three
 // times over. Under -short, each call and fault runs on one kind only
 // (shortMatrix).
+
+// matrixGoroutineSlack is how many more goroutines than before the matrix
+// may run after it: the server's, which come and go with its connections.
+const matrixGoroutineSlack = 10
 
 // matrixTTL is the actor's lease TTL: the bound of a stranded wait, and of
 // Done after keep-alives went silent.
@@ -120,6 +131,7 @@ func TestFaultMatrix(t *testing.T) {
 	// Not parallel with other tests: its cases time their faults, and run
 	// 16 at a time already.
 	srv, healthy := startServer(t)
+	goroutines := runtime.NumGoroutine()
 	rounds, nths := 1, []int{0}
 	if faultsFor(t, "ETCDLOCK_MATRIX_LONG", 0) > 0 {
 		rounds, nths = 3, []int{1, 2, 3}
@@ -169,6 +181,9 @@ func TestFaultMatrix(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("cases run: %v", counts)
+	// Every case closed its Sessions and clients: what they started is gone.
+	eventually(t, "the goroutines of the cases gone", func() bool { return runtime.NumGoroutine() <= goroutines+matrixGoroutineSlack })
+	t.Logf("goroutines: %d before the cases, %d after", goroutines, runtime.NumGoroutine())
 	if only != nil {
 		t.Logf("-short: each call and fault on one kind (%d cases); go test without -short runs every kind", len(only))
 	}
@@ -406,7 +421,8 @@ type matrixCase struct {
 	sweep bool // a later occurrence may not come: not a failure
 
 	healthy *clientv3.Client
-	name    string
+	parent  string // a name of the case's own, whose queue holds the lock's
+	name    string // the lock's: parent/lock
 	sm      *seam
 	session *etcdlock.Session // the actor's; nil for Lead
 	tokens  []int64           // of the holds, in the order they began
@@ -484,7 +500,8 @@ var stranded = 2 * (matrixTTL + time.Second)
 
 func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
 	t := mc.t
-	mc.healthy, mc.name = healthy, lockName(t)
+	mc.healthy, mc.parent = healthy, lockName(t)
+	mc.name = mc.parent + "/lock"
 	mc.sm = newSeam(mc.at, mc.fault, mc.nth)
 	mc.sm.hand = mc.hand
 	mc.sm.holder = mc.holder
@@ -547,7 +564,7 @@ func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
 	defer acancel()
 	mc.sm.enter(phaseAcquire, acancel)
 	if mc.at == callCheck {
-		mc.sm.bump = func() { _, _ = healthy.Put(context.Background(), mc.name+"-bump", "") }
+		mc.sm.bump = func() { _, _ = healthy.Put(context.Background(), mc.parent+"-bump", "") }
 	}
 	if mc.at == callGrant && mc.session != nil {
 		// A renewing Session grants a lease only after it lost one: its
@@ -620,8 +637,49 @@ func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
 	if !slices.IsSorted(mc.tokens) || len(slices.Compact(slices.Clone(mc.tokens))) != len(mc.tokens) {
 		t.Errorf("tokens of successive holders do not strictly increase: %v", mc.tokens)
 	}
+	mc.bookkeeping(ctx)
 	if mc.sm.fires() == 0 && !mc.sweep {
 		t.Fatalf("the fault never fired: no %s call was made", mc.at)
+	}
+}
+
+// bookkeeping checks what the actor keeps in etcd besides lock keys: at
+// most maxBookkeeping keys on each of its leases, and nothing where another
+// lock counts it: under the lock's parent there are only the lock's keys,
+// and when there are none, etcd's concurrency.Mutex takes the parent.
+func (mc *matrixCase) bookkeeping(ctx context.Context) {
+	t := mc.t
+	for _, id := range mc.leases() {
+		resp, err := mc.healthy.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+		if err != nil || resp.TTL < 0 {
+			continue // gone, and its keys with it
+		}
+		var other []string
+		for _, k := range resp.Keys {
+			if !strings.HasPrefix(string(k), mc.name+"/") {
+				other = append(other, string(k))
+			}
+		}
+		if len(other) > maxBookkeeping {
+			t.Errorf("lease %x keeps %d keys besides lock keys, want ≤ %d: %q", id, len(other), maxBookkeeping, other)
+		}
+	}
+	keys := lockKeys(t, mc.healthy, mc.parent)
+	for _, k := range keys {
+		if !strings.HasPrefix(k, mc.name+"/") {
+			t.Errorf("key %q lies under the lock's parent %q, outside the lock", k, mc.parent)
+		}
+	}
+	if len(keys) > 0 {
+		return
+	}
+	up := concurrency.NewMutex(newUpstreamSession(t, mc.healthy, int(matrixTTL/time.Second)), mc.parent)
+	if err := up.TryLock(ctx); err != nil {
+		t.Errorf("concurrency.Mutex(%q).TryLock with nothing under it: got %v, want nil", mc.parent, err)
+		return
+	}
+	if err := up.Unlock(ctx); err != nil {
+		t.Errorf("concurrency.Mutex(%q).Unlock: %v", mc.parent, err)
 	}
 }
 

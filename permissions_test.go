@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -32,14 +33,23 @@ func prefixPermission(pfx string, perm clientv3.PermissionType) permission {
 	return permission{pfx, clientv3.GetPrefixRangeEnd(pfx), perm}
 }
 
-// authServer starts an embedded etcd with authentication on, and returns a
-// client of its root user and a client of a user whose one role has perms.
-// Authentication is turned off again before the server stops.
-func authServer(t *testing.T, perms ...permission) (root, user *clientv3.Client, role string) {
+// An authEnv is an embedded etcd with authentication on: a client of its
+// root user, and a client of the user "locker" (password "lockerpw"), whose
+// one role is role.
+type authEnv struct {
+	srv        *etcdtest.Server
+	root, user *clientv3.Client
+	role       string
+}
+
+// authServer starts an embedded etcd with authentication on, where the
+// role of the user "locker" has perms. Authentication is turned off again
+// before the server stops.
+func authServer(t *testing.T, perms ...permission) authEnv {
 	t.Helper()
-	_, open := startServer(t)
+	srv, open := startServer(t)
 	ctx := testContext(t)
-	role = "locker"
+	role := "locker"
 	steps := []func() error{
 		func() error { _, err := open.UserAdd(ctx, "root", "rootpw"); return err },
 		func() error { _, err := open.UserGrantRole(ctx, "root", "root"); return err },
@@ -59,7 +69,7 @@ func authServer(t *testing.T, perms ...permission) (root, user *clientv3.Client,
 			t.Fatalf("auth setup, step %d: %v", i, err)
 		}
 	}
-	root = authClient(t, open.Endpoints(), "root", "rootpw")
+	root := authClient(t, open.Endpoints(), "root", "rootpw")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 		defer cancel()
@@ -67,7 +77,7 @@ func authServer(t *testing.T, perms ...permission) (root, user *clientv3.Client,
 			t.Errorf("auth disable: %v", err)
 		}
 	})
-	return root, authClient(t, open.Endpoints(), "locker", "lockerpw"), role
+	return authEnv{srv, root, authClient(t, open.Endpoints(), "locker", "lockerpw"), role}
 }
 
 // authClient returns a client of endpoints that logs in as user, closed by
@@ -91,7 +101,8 @@ func authClient(t *testing.T, endpoints []string, user, password string) *client
 // nothing to wait for. Once the role may write, the same locks work.
 func TestRefusedIsNoMaybe(t *testing.T) {
 	testflags.ParallelShort(t)
-	root, user, role := authServer(t, permission{"\x00", "\x00", clientv3.PermissionType(clientv3.PermRead)})
+	env := authServer(t, permission{"\x00", "\x00", clientv3.PermissionType(clientv3.PermRead)})
+	root, user, role := env.root, env.user, env.role
 	s := newSession(t, user)
 	name := lockName(t)
 	opens := []struct {
@@ -158,9 +169,10 @@ func TestRefusedIsNoMaybe(t *testing.T) {
 func TestLockPermissions(t *testing.T) {
 	testflags.ParallelShort(t)
 	name := "perm/" + t.Name()
-	root, user, _ := authServer(t,
+	env := authServer(t,
 		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
 		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)))
+	root, user := env.root, env.user
 	fault := &txnFault{}
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints: user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),

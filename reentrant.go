@@ -458,24 +458,27 @@ func (st *lockState) groupHold(group string, mine bool) *hold {
 // rwState is what this process knows of one RWMutex name on one Session: who
 // holds it, per goroutine. Every hold of a goroutine has an etcd key of its
 // own, readers' and writers' alike, so goroutines need no local turn: etcd's
-// queue orders them, as it orders other processes.
+// queue orders them, as it orders other processes. Only one write hold is
+// alive at a time, but a goroutine whose write hold was lost keeps it until
+// it unlocks, while another goroutine may take the lock anew.
 type rwState struct {
 	s    *Session
 	name string
 
 	mu      sync.Mutex
 	retired bool
-	writer  int64             // goroutine id of the write holder; 0 when none
-	write   *rwHold           // the write hold
-	nested  int               // read holds of the writer goroutine: local, no key
+	writers map[int64]*rwHold // write holds, by goroutine
 	readers map[int64]*rwHold // read holds, by goroutine
 }
 
-// An rwHold is one goroutine's hold of an RWMutex: the hold of its key, and
-// how many times the goroutine took it.
+// An rwHold is one goroutine's hold of an RWMutex: the hold of its key, how
+// many times the goroutine took it, and for a write hold, how many reads the
+// goroutine took while writing (they need no key of their own: its write
+// key excludes everyone already).
 type rwHold struct {
-	holds int
-	h     *hold
+	holds  int
+	nested int
+	h      *hold
 }
 
 // rwMutexState returns the live record of the RWMutex name of s, creating
@@ -486,7 +489,7 @@ func rwMutexState(s *Session, name string, create bool) *rwState {
 		st, _ := v.(*rwState)
 		return st
 	}
-	v, _ := s.records.LoadOrStore(rwMutexName(name), &rwState{s: s, name: name, readers: make(map[int64]*rwHold)})
+	v, _ := s.records.LoadOrStore(rwMutexName(name), &rwState{s: s, name: name, writers: make(map[int64]*rwHold), readers: make(map[int64]*rwHold)})
 	return v.(*rwState)
 }
 
@@ -499,19 +502,18 @@ func (st *rwState) enter(write bool) (bool, error) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	w, r := st.writers[gid], st.readers[gid]
 	switch {
-	case st.writer == gid && st.write.h.knownLost(), st.readers[gid] != nil && !write && st.readers[gid].h.knownLost():
+	case w != nil && w.h.knownLost(), r != nil && !write && r.h.knownLost():
 		return false, errRelockLost
-	}
-	switch {
-	case st.writer == gid && write:
-		st.write.holds++
-	case st.writer == gid:
-		st.nested++
-	case st.readers[gid] != nil && write:
+	case w != nil && write:
+		w.holds++
+	case w != nil:
+		w.nested++
+	case r != nil && write:
 		return false, ErrWouldDeadlock
-	case st.readers[gid] != nil:
-		st.readers[gid].holds++
+	case r != nil:
+		r.holds++
 	default:
 		return false, nil
 	}
@@ -529,7 +531,7 @@ func (st *rwState) grant(write bool, h *hold) bool {
 	}
 	hold := &rwHold{holds: 1, h: h}
 	if write {
-		st.writer, st.write = gid, hold
+		st.writers[gid] = hold
 	} else {
 		st.readers[gid] = hold
 	}
@@ -544,16 +546,16 @@ func (st *rwState) leave(write bool) (departure, *rwHold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	var ended *rwHold
-	switch r := st.readers[gid]; {
-	case st.writer == gid && (write || st.nested > 0):
+	switch w, r := st.writers[gid], st.readers[gid]; {
+	case w != nil && (write && w.holds > 0 || !write && w.nested > 0):
 		if write {
-			st.write.holds--
+			w.holds--
 		} else {
-			st.nested--
+			w.nested--
 		}
-		if st.write.holds == 0 && st.nested == 0 {
-			ended = st.write
-			st.writer, st.write = 0, nil
+		if w.holds == 0 && w.nested == 0 {
+			ended = w
+			delete(st.writers, gid)
 		}
 	case write || r == nil:
 		st.mu.Unlock()
@@ -565,7 +567,7 @@ func (st *rwState) leave(write bool) (departure, *rwHold) {
 			delete(st.readers, gid)
 		}
 	}
-	idle := st.writer == 0 && len(st.readers) == 0
+	idle := len(st.writers) == 0 && len(st.readers) == 0
 	st.mu.Unlock()
 	if ended == nil {
 		return stillHeld, nil
@@ -581,7 +583,7 @@ func (st *rwState) leave(write bool) (departure, *rwHold) {
 func (st *rwState) retire() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.writer == 0 && len(st.readers) == 0 && !st.retired && st.s.records.CompareAndDelete(rwMutexName(st.name), st) {
+	if len(st.writers) == 0 && len(st.readers) == 0 && !st.retired && st.s.records.CompareAndDelete(rwMutexName(st.name), st) {
 		st.retired = true
 	}
 }
@@ -594,8 +596,8 @@ func (st *rwState) mine() *rwHold {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.writer == gid {
-		return st.write
+	if w := st.writers[gid]; w != nil {
+		return w
 	}
 	return st.readers[gid]
 }
@@ -607,8 +609,8 @@ func (st *rwState) holdCount() int {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	n := 0
-	if st.writer == gid {
-		n += st.write.holds + st.nested
+	if w := st.writers[gid]; w != nil {
+		n += w.holds + w.nested
 	}
 	if r := st.readers[gid]; r != nil {
 		n += r.holds

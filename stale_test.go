@@ -631,3 +631,33 @@ func TestWarningCountsFromSend(t *testing.T) {
 		t.Errorf("the next holder's unlock: %v", err)
 	}
 }
+
+// TestLostWriteHoldKept: a goroutine whose write hold of an RWMutex was lost
+// keeps that hold until it unlocks, even once another goroutine of the same
+// Session has taken the write lock anew: its unlock answers ErrLockLost,
+// not ErrNotHeld, and the other goroutine's hold is untouched.
+func TestLostWriteHoldKept(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, client := startServer(t)
+	rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
+	ctx := testContext(t)
+	if err := rw.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := rw.Done()
+	deleteKey(t, client, rw.Key())
+	wantClosed(t, "writer", done)
+	other := lockInGoroutine(t, ctx, funcLocker{rw.LockContext, rw.UnlockContext})
+	if err := waitErr(t, other.locked); err != nil {
+		t.Fatalf("another goroutine's LockContext once the lock is free: %v", err)
+	}
+	if err := rw.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Errorf("UnlockContext of the lost write hold: got %v, want ErrLockLost", err)
+	}
+	if keys := lockKeys(t, client, rw.Name()); len(keys) != 1 {
+		t.Errorf("keys after the lost hold's unlock: got %v, want the other goroutine's", keys)
+	}
+	if err := other.Release(); err != nil {
+		t.Errorf("the other goroutine's unlock: got %v, want nil", err)
+	}
+}
