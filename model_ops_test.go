@@ -19,9 +19,9 @@ import (
 
 // A modelHold is one hold of a goroutine, as the model counts it.
 type modelHold struct {
-	n     int           // holds taken and not yet ended; 0: none
-	keys  []string      // its keys in etcd
-	token int64         // its fencing token
+	n     int             // holds taken and not yet ended; 0: none
+	keys  []string        // its keys in etcd
+	token int64           // its fencing token
 	done  <-chan struct{} // its loss signal
 }
 

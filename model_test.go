@@ -412,8 +412,8 @@ func (w *world) heal() {
 // Faults on the calls of one client.
 const (
 	modelNoFault = iota
-	modelLose // the next Txn is applied and its reply lost
-	modelLate // the next Txn is applied a while after the caller gave up
+	modelLose    // the next Txn is applied and its reply lost
+	modelLate    // the next Txn is applied a while after the caller gave up
 )
 
 // modelFaults acts on the next Txn of a client, once armed.
