@@ -54,7 +54,8 @@ import (
 // cut-off holder's Mutex.Done closing to the next holder's acquisition, with
 // what explains it: the holder's last keep-alive acknowledgement before the
 // cut (seen on a keep-alive channel of the test's own on the same lease) and
-// when etcd deleted the holder's key (seen by a watch).
+// when etcd deleted the holder's key (seen by a watch). A negative margin,
+// Done closing after the next holder acquired, fails the test.
 //
 // ETCDLOCK_CHAOS_LONG=1 runs the faults for 10 minutes instead of 8 s per
 // kind of lock; ETCDLOCK_CHAOS_LONG=3m, for 3 minutes.
@@ -102,6 +103,10 @@ func testChaos(t *testing.T, kind string) {
 		t.Errorf("acknowledged updates lost with fencing: got %d in etcd, %d in the store, want 0", r.lostEtcd, r.lostStore)
 	}
 	for i, p := range r.partitions {
+		w := warning{done: p.doneAt, next: p.nextAcq}
+		if m, ok := w.margin(); ok && m < 0 {
+			t.Errorf("partition %d: the cut-off holder's Done closed %v after the next holder acquired, want before", i+1, (-m).Round(time.Millisecond))
+		}
 		if p.etcd != writeRejected {
 			t.Errorf("partition %d: the cut-off holder's write to etcd: got %v, want rejected by IsOwner", i+1, p.etcd)
 		}

@@ -5,13 +5,13 @@ package etcdlock_test
 // against the model's count of what the goroutine holds.
 //
 //   - held (nil, true, a Permit) ⇒ the hold's keys are in etcd at its token
-//     and hold by the primitive's rule, or its Done closes within doneBound;
+//     and hold by the primitive's rule, or its Done closes within lossBound;
 //     and a goroutine whose Done had closed before it locked again is not
 //     answered held;
 //   - busy ((false, nil), ErrNoPermit) ⇒ another goroutine held, waited or
 //     was acquiring, or etcd had a key of the lock;
 //   - ErrLockLost on a lock ⇒ the goroutine held, and its Done closes within
-//     doneBound; ErrWouldDeadlock ⇒ it held the lock another way;
+//     lossBound; ErrWouldDeadlock ⇒ it held the lock another way;
 //   - an unlock ⇒ ErrNotHeld if and only if the goroutine held nothing;
 //   - and once the faults are healed: every key in etcd is a hold of a
 //     goroutine (no call left a key behind), at most one fence per lease,
@@ -31,6 +31,12 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 )
+
+// lossBound is how long after a loss a hold's Done may still be open: 2 s
+// (doneBound) once the loss monitor's watch sees it, and up to a TTL more
+// where the watch lost the event (a partition broke its stream): the
+// monitor reads its keys once per TTL.
+const lossBound = modelTTL + doneBound
 
 // A rule says when keys hold, by their place in their queue.
 type rule struct {
@@ -140,22 +146,22 @@ func (a *goroutine) unlocked(what string, h *modelHold, err error) {
 }
 
 // judgeHold checks that h holds in etcd by rl, or that its Done closes
-// within doneBound.
+// within lossBound.
 func (w *world) judgeHold(a *goroutine, what string, h modelHold, rl rule) {
 	ok, detail := w.holds(h, rl)
 	if ok {
 		return
 	}
-	if _, closed := closedWithin(h.done, doneBound); !closed {
-		w.t.Errorf("g%d: %s answered held, but in etcd %s, and its Done is still open %v later", a.i, what, detail, doneBound)
+	if _, closed := closedWithin(h.done, lossBound); !closed {
+		w.t.Errorf("g%d: %s answered held, but in etcd %s, and its Done is still open %v later", a.i, what, detail, lossBound)
 	}
 }
 
 // judgeLost checks that a hold the library says is lost has its Done closed
-// within doneBound.
+// within lossBound.
 func (w *world) judgeLost(a *goroutine, what string, done <-chan struct{}) {
-	if _, closed := closedWithin(done, doneBound); !closed {
-		w.t.Errorf("g%d: %s: got ErrLockLost, but the hold's Done is still open %v later", a.i, what, doneBound)
+	if _, closed := closedWithin(done, lossBound); !closed {
+		w.t.Errorf("g%d: %s: got ErrLockLost, but the hold's Done is still open %v later", a.i, what, lossBound)
 	}
 }
 

@@ -112,7 +112,7 @@ func (a *goroutine) heldKeys() []string {
 	defer a.mu.Unlock()
 	var keys []string
 	for _, h := range []*modelHold{&a.mutex, &a.multi, &a.write, &a.read} {
-		if h.n > 0 {
+		if h.n > 0 || h == &a.write && a.nested > 0 {
 			keys = append(keys, h.keys...)
 		}
 	}
@@ -135,7 +135,7 @@ func (a *goroutine) active(names []string) bool {
 	if a.multi.n > 0 {
 		mine = append(mine, a.w.multiNames()...)
 	}
-	if a.write.n > 0 || a.read.n > 0 {
+	if a.write.n > 0 || a.nested > 0 || a.read.n > 0 {
 		mine = append(mine, a.w.rwName())
 	}
 	if len(a.permits) > 0 {
@@ -370,6 +370,7 @@ func (a *goroutine) rwUnlock(write bool) {
 		a.mu.Unlock()
 		err := rw.UnlockContext(context.Background())
 		if lastWrite && err == nil {
+			a.w.log.add("g%d: RWMutex.Unlock: <nil> (its reads keep the key)", a.i)
 			a.mu.Lock()
 			a.write.n = 0
 			a.mu.Unlock()

@@ -460,8 +460,8 @@ func (l *stepLog) add(format string, args ...any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lines = append(l.lines, fmt.Sprintf("%8v  ", time.Since(l.start).Round(time.Millisecond))+fmt.Sprintf(format, args...))
-	if len(l.lines) > 80 {
-		l.lines = l.lines[len(l.lines)-80:]
+	if len(l.lines) > 300 {
+		l.lines = l.lines[len(l.lines)-300:]
 	}
 }
 

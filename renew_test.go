@@ -129,10 +129,15 @@ func TestRenewalAfterPartition(t *testing.T) {
 
 	proxy.Blackhole()
 	cut := time.Now()
-	// Longer than the TTL: the keep-alive gives the lease up.
-	time.Sleep(renewTTL + renewTTL/2)
+	// Longer than the TTL: the keep-alive gives the lease up; and long
+	// enough for the renewal's first revoke of it to fail (2 s).
+	const outage = renewTTL + 4*time.Second
+	time.Sleep(outage)
 	if !isClosed(m.Done()) {
-		t.Errorf("Mutex.Done open after %v without etcd", renewTTL+renewTTL/2)
+		t.Errorf("Mutex.Done open after %v without etcd", outage)
+	}
+	if got := s.Lease(); got != old {
+		t.Errorf("Session.Lease while no new lease can be had: got %x, want the lost one, %x", got, old)
 	}
 	if isClosed(s.Done()) {
 		t.Error("Session.Done closed after a partition: a renewing Session outlives its lease")
@@ -199,6 +204,15 @@ func TestRenewalAfterPartition(t *testing.T) {
 	e := log.wait(t, "LeaseRenewed", func(e etcdlock.Event) bool { return e.Kind == etcdlock.LeaseRenewed })
 	if e.OldLease != old || e.Lease != now {
 		t.Errorf("LeaseRenewed: lease %x, old %x; want %x, %x", e.Lease, e.OldLease, now, old)
+	}
+	checkBound(t, "LeaseRenewed after the network's return", e.Time.Sub(back), renewBound)
+	// The lease is lost a TTL after the last renewal sent (before the cut);
+	// the renewal's first revoke of it fails after its 2 s bound.
+	if failed := log.find(func(e etcdlock.Event) bool { return e.Kind == etcdlock.SessionFailed }); len(failed) == 0 {
+		t.Error("no SessionFailed while etcd was unreachable")
+	} else {
+		checkBound(t, "the first SessionFailed after the cut", failed[0].Time.Sub(cut), 2*(renewTTL+2*time.Second))
+		t.Logf("SessionFailed while etcd was unreachable: %d, the first %v after the cut", len(failed), failed[0].Time.Sub(cut).Round(time.Millisecond))
 	}
 	for _, lock := range []string{mName, rwName, semName} {
 		e := log.wait(t, "HoldLost of "+lock, func(e etcdlock.Event) bool {
