@@ -124,10 +124,10 @@ func (h *hold) end() {
 // The channel closes:
 //   - within about 100 ms of our key being deleted, by anyone, or of the
 //     lease being revoked (which deletes the key);
-//   - when keep-alive acknowledgements have stopped for two thirds of the
-//     TTL, which is before etcd can expire the lease unless a reply was
-//     delayed by more than a third of the TTL; never while keep-alives are
-//     acknowledged on time (every TTL/3);
+//   - two thirds of the TTL after the last keep-alive that etcd
+//     acknowledged was sent, before etcd can expire the lease however late
+//     the reply came; never while etcd answers the keep-alives (sent every
+//     TTL/4) within 5/12 of the TTL;
 //   - when the Session ends, and when the hold ends.
 func (h *hold) lost() <-chan struct{} {
 	s := h.t.s
@@ -168,7 +168,8 @@ func (h *hold) monitor(ctx context.Context) {
 
 // lossReason tells the observers why the hold was lost, given why the
 // monitor stopped. Silence is its own reason, even when the Session ended
-// with it (clientv3 gives up a lease a TTL after its last acknowledgement).
+// with it (the term ends a TTL after the last acknowledged renewal was
+// sent).
 // A deleted key is asked about once, within a bound, since the revoke or
 // expiry of our lease deletes it too; only observed Sessions pay that read.
 func (h *hold) lossReason(why LossReason) LossReason {
@@ -190,7 +191,8 @@ func (h *hold) lossReason(why LossReason) LossReason {
 	case s.closedByUser():
 		return LossSessionClosed
 	case tm.untilSilent() <= -tm.ttl/3:
-		// clientv3 ended the Session: no acknowledgement for a whole TTL.
+		// The term ended for silence: a whole TTL since the last
+		// acknowledged renewal was sent.
 		return LossKeepAliveSilent
 	default:
 		return LossLeaseGone

@@ -17,8 +17,13 @@ var (
 	ErrNotHeld = errors.New("etcdlock: unlock of a lock not held by this goroutine")
 
 	// ErrSessionExpired is returned by every lock call once the Session's
-	// lease is gone: revoked, expired, closed, or its WithContext context
-	// cancelled. No lock can be taken with that Session again; make a new one.
+	// lease is gone: revoked, expired, closed, its client closed, or its
+	// WithContext context cancelled. Without WithRenewal no lock can be
+	// taken with that Session again; make a new one. WithRenewal it means
+	// "the lease this call used, or would use, is gone": the Session goes on
+	// with a new lease, and a later call takes the lock on it; it ends only
+	// at Close, at the end of its WithContext context, or when its client is
+	// closed.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
 
 	// ErrInvalidName is returned by every context method of a Mutex,

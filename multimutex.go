@@ -246,8 +246,10 @@ func (m *MultiMutex) Token() int64 {
 // ends or is lost, whichever goroutine asks: when any of its keys is deleted
 // (by anyone) or the lease is lost, as Mutex.Done describes. It is already
 // closed when nothing is held. Each new hold gets a new channel, which stays
-// open through re-locks and non-final unlocks. Watching costs one etcd watch
-// per name and one goroutine per hold and name, started on the first call.
+// open through re-locks and non-final unlocks; a lock by the holding
+// goroutine once it closed returns ErrLockLost. Watching costs one etcd
+// watch per name and 1 + 2 × names goroutines per hold, started on the
+// first call.
 func (m *MultiMutex) Done() <-chan struct{} {
 	if h := m.current(false); h != nil {
 		return h.lost()

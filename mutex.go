@@ -69,8 +69,10 @@ func (m *Mutex) check(ctx context.Context) error {
 // retried (etcd unreachable, a malformed reply) for as long as the Session
 // lives (WithRenewal, also across a lost lease: it waits for the next). It
 // panics only where the lock can never be taken: a closed Session, or one
-// without WithRenewal whose lease is gone, the empty name, a nil Session. Use LockContext to get
-// those as errors, or to bound the wait.
+// without WithRenewal whose lease is gone, the empty name, a nil Session; or
+// where the calling goroutine holds the lock already and that hold is known
+// lost (ErrLockLost: unlock it first). It never returns as if it held a
+// lost hold. Use LockContext to get those as errors, or to bound the wait.
 func (m *Mutex) Lock() { lockBlocking("Lock", m.Name(), m.session(), m.LockContext) }
 
 // Unlock ends one hold of the calling goroutine. Like sync.Mutex.Unlock, it
@@ -93,11 +95,15 @@ func (m *Mutex) TryLock() bool { return tryOnce(m.acquire) }
 
 // LockContext takes the lock, waiting until it is held or ctx ends. On
 // success it returns nil. On failure it returns ctx.Err() if ctx ended,
-// ErrSessionExpired if the Session ended, or etcd's error; it then leaves no
-// key of its own in etcd, where etcd is reachable, including when ctx ends
-// after etcd applied the request but before the reply came back. Where etcd
-// is unreachable, the delete is retried in the background until it succeeds
-// or its lease ends (whose revoke or expiry deletes the key).
+// ErrSessionExpired if the Session ended (or, WithRenewal, the lease the
+// call used is gone), ErrLockLost if the calling goroutine holds the lock
+// already but that hold is known lost (its Done closed, or its lease is
+// gone: nothing changes, unlock it first), or etcd's error, every time etcd
+// refuses (permission denied, say); it then leaves no key of its own in
+// etcd, where etcd is reachable, including when ctx ends after etcd applied
+// the request but before the reply came back. Where etcd is unreachable,
+// the delete is retried in the background until it succeeds or its lease
+// ends (whose revoke or expiry deletes the key).
 func (m *Mutex) LockContext(ctx context.Context) error {
 	_, err := m.acquire(ctx, waitForever)
 	return err
@@ -105,8 +111,11 @@ func (m *Mutex) LockContext(ctx context.Context) error {
 
 // TryLockFor takes the lock, waiting at most wait for the holder to leave
 // (wait <= 0: only try). It returns (true, nil) when held; (false, nil) when
-// the wait ran out; (false, err) on failure, with ctx.Err() when ctx ended
-// first. A try that fails because another holder has the lock writes nothing
+// the wait ran out, which means that another goroutine or process held or
+// waited ahead; (false, err) on failure, with ctx.Err() when ctx ended
+// first, and the errors of LockContext. WithRenewal, while no lease is to
+// be had it waits for one within wait, and returns ErrSessionExpired if none
+// came (at once for a try). A try that fails because another holder has the lock writes nothing
 // to etcd; like LockContext, every call that returns without the lock leaves
 // no key of its own behind. Where etcd does not answer, even a try
 // (wait <= 0) waits for it until ctx ends: put a deadline on ctx to bound
@@ -252,15 +261,18 @@ func (m *Mutex) IsOwner() clientv3.Cmp {
 // While the lock is held, the channel closes:
 //   - within about 100 ms of our key being deleted, by anyone, or of the
 //     lease being revoked (which deletes the key);
-//   - when keep-alive acknowledgements have stopped for two thirds of the
-//     TTL, which is before etcd can expire the lease unless a reply was
-//     delayed by more than a third of the TTL; it never closes while
-//     keep-alives are acknowledged on time (every TTL/3);
+//   - two thirds of the TTL after the last keep-alive that etcd
+//     acknowledged was sent: a third of the TTL, at least, before etcd can
+//     expire the lease, however late its reply came. Keep-alives are sent
+//     every TTL/4, so it never closes while etcd answers them within 5/12
+//     of the TTL;
 //   - when the Session ends.
 //
 // A closed channel means: stop touching the guarded resource. It does not
-// release the lock: call Unlock as usual. Watching costs one etcd watch and
-// one goroutine per hold, started on the first call to Done.
+// release the lock: call Unlock as usual; a lock by the holding goroutine
+// meanwhile returns ErrLockLost. Watching costs one etcd watch and three
+// goroutines per hold (the monitor, the watch's reader, and clientv3's),
+// started on the first call to Done.
 func (m *Mutex) Done() <-chan struct{} {
 	if h := m.current(); h != nil {
 		return h.lost()

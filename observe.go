@@ -75,7 +75,7 @@ type LossReason string
 const (
 	LossKeyDeleted      LossReason = "key_deleted"      // our key was deleted while its lease lived: by hand, or by another client
 	LossLeaseGone       LossReason = "lease_gone"       // the lease was revoked or expired, which deletes our key too
-	LossKeepAliveSilent LossReason = "keepalive_silent" // no keep-alive acknowledged for 2/3 of the TTL: the lease may expire
+	LossKeepAliveSilent LossReason = "keepalive_silent" // 2/3 of the TTL since the last acknowledged keep-alive was sent: the lease may expire
 	LossSessionClosed   LossReason = "session_closed"   // Close was called, or the WithContext context ended
 )
 
@@ -103,8 +103,8 @@ type Event struct {
 	FencedMiss bool
 	RTT        time.Duration // KeptAlive: the renewal's round trip
 	// Margin: KeptAlive: how long the lease still had before it could
-	// expire when the renewal was answered, counted from the last
-	// acknowledgement on the Session's keep-alive stream (the clock Done
+	// expire when the renewal was answered (or gave up), counted from when
+	// the last renewal acknowledged before it was sent (the clock Done
 	// counts from). It shrinks when renewals are slow or lost.
 	Margin  time.Duration
 	TTL     time.Duration // KeptAlive: the lease's TTL, which Margin counts down from

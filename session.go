@@ -273,8 +273,10 @@ func options(opts []SessionOption) sessionOptions {
 // waits for the Session's background work to stop. It returns within 5 s
 // even when etcd is unreachable, plus the time its observers take over the
 // events still queued (Close delivers them, then SessionClosed); the lease
-// then expires on its own within the TTL. Close returns nil if the lease
-// was already gone. It is safe to call more than once, from any goroutine;
+// then expires on its own within the TTL, and Close returns the revoke's
+// error. Close returns nil if the lease was already gone (it expired during
+// a partition, say, and etcd says so), and an error if the client was
+// closed first. It is safe to call more than once, from any goroutine;
 // later calls return the first call's result. When the WithContext context
 // was cancelled first, that cancel has already revoked the lease, and Close
 // returns its result without asking etcd again.
@@ -323,12 +325,13 @@ func (s *Session) stop() *leaseTerm {
 }
 
 // Done returns a channel that is closed when the Session ends: Close was
-// called, or the WithContext context was cancelled; and, without
-// WithRenewal, its lease was revoked or expired, or keep-alives stopped
-// being acknowledged for a whole TTL. A revoke by anyone is seen within
-// about TTL/3 + 1 s, at the next keep-alive. A Session made WithRenewal
-// outlives its leases: its Done closes only at Close or at the end of the
-// WithContext context.
+// called, the WithContext context was cancelled, or the client was closed;
+// and, without WithRenewal, its lease was revoked or expired, or a whole TTL
+// passed since the last keep-alive that etcd acknowledged was sent. A revoke
+// by anyone is seen within about TTL/4 + a round trip, at the next
+// keep-alive. A Session made WithRenewal outlives its leases: its Done
+// closes only at Close, at the end of the WithContext context, or when its
+// client is closed.
 //
 // Done is no early warning: when it closes because etcd went quiet, the
 // server may already have expired the lease. Mutex.Done warns earlier.
@@ -342,7 +345,8 @@ func (s *Session) Done() <-chan struct{} {
 // Lease returns the ID of the Session's lease: the lease in use, with which
 // every lock key taken now is put. WithRenewal, a later call may return a
 // later lease; the keys of a hold keep the lease of their acquisition
-// (Held.Lease).
+// (Held.Lease). While the lease is lost and no new one is granted yet, it
+// returns the lost one.
 func (s *Session) Lease() clientv3.LeaseID { return s.term.Load().id }
 
 // Client returns the client the Session was made with.
