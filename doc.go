@@ -36,6 +36,14 @@
 // exclude each other on the same name. Unlike them, a Mutex ignores keys
 // nested deeper under its prefix, so the lock "a/b" does not block "a".
 //
+// # Permissions
+//
+// With etcd's authentication on, a lock's role needs read and write
+// permission on the keys that start with "name/", and on those that start
+// with "etcdlock.fence.": one key per lease, compared by every acquisition
+// and written after a lost reply. Its name has no "/", so no lock counts it.
+// A request etcd refuses is returned as an error, every time.
+//
 // # What a lease-based lock cannot promise
 //
 // etcd guarantees that at most one key is the oldest at any revision. It
