@@ -377,8 +377,11 @@ func (w *world) closeClient(ms *modelSession) bool {
 // replace gives ms a new client and Session once its Session ended: its
 // goroutines forget their holds of the old one.
 func (w *world) replace(ms *modelSession) bool {
-	if !isClosed(ms.session().Done()) {
-		return false
+	ms.mu.Lock()
+	cut := !ms.cutTil.IsZero()
+	ms.mu.Unlock()
+	if cut || !isClosed(ms.session().Done()) {
+		return false // a new client logs in, a new Session grants: etcd must answer
 	}
 	for _, a := range w.actors {
 		if a.ms == ms && a.busy.Load() {
