@@ -350,7 +350,7 @@ func (h *hold) unlock(ctx context.Context, then func()) error {
 	deleted, err := t.release(ctx, unlockTimeout)
 	t.released(deleted, err)
 	if err != nil {
-		t.releaseLater(then)
+		t.releaseLater(err, then)
 		return errorf("unlock", t.lock, err)
 	}
 	if then != nil {

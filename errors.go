@@ -94,6 +94,10 @@ var (
 	errMalformed = queue.ErrMalformed
 	// errBusy: a try found the lock taken.
 	errBusy = queue.ErrBusy
+	// errCleaning: a call found its lock's turn in this process waiting for
+	// the delete of an earlier key of this process, retried in the
+	// background: etcd may still have that key, or not; nobody else holds.
+	errCleaning = errors.New("etcdlock: an earlier key of this process may still be in etcd: its delete is being retried")
 	// errRelockLost: a re-lock of a hold known lost.
 	errRelockLost = fmt.Errorf("%w: the calling goroutine still has the lost hold: unlock it before locking again", ErrLockLost)
 )

@@ -28,7 +28,7 @@ func ReleaseFenced(ctx context.Context, m *Mutex, rev int64) (bool, error) {
 // ReleaseLater starts the background retry of that delete, as an unlock
 // that etcd did not confirm does; then runs when the retry ends.
 func ReleaseLater(m *Mutex, rev int64, then func()) {
-	ticketAt(m, rev).releaseLater(then)
+	ticketAt(m, rev).releaseLater(nil, then)
 }
 
 // ticketAt returns m's key as held with token rev.

@@ -37,17 +37,12 @@ import (
 //   - bookkeeping: at most maxBookkeeping keys on each of the actor's
 //     leases besides lock keys, nothing under the lock's parent but the
 //     lock's keys, and etcd's concurrency.Mutex takes the parent once the
-//     lock is free; after every case, the goroutines the cases started are
-//     gone.
+//     lock is free; after every case, no goroutine of the library is left.
 //
 // Each case is named kind/call/fault. ETCDLOCK_MATRIX_LONG=1 runs the
 // sweep: every case at the first three occurrences of its call, three
 // times over. Under -short, each call and fault runs on one kind only
 // (shortMatrix).
-
-// matrixGoroutineSlack is how many more goroutines than before the matrix
-// may run after it: the server's, which come and go with its connections.
-const matrixGoroutineSlack = 10
 
 // matrixTTL is the actor's lease TTL: the bound of a stranded wait, and of
 // Done after keep-alives went silent.
@@ -182,8 +177,13 @@ func TestFaultMatrix(t *testing.T) {
 	wg.Wait()
 	t.Logf("cases run: %v", counts)
 	// Every case closed its Sessions and clients: what they started is gone.
-	eventually(t, "the goroutines of the cases gone", func() bool { return runtime.NumGoroutine() <= goroutines+matrixGoroutineSlack })
-	t.Logf("goroutines: %d before the cases, %d after", goroutines, runtime.NumGoroutine())
+	var left []string
+	ctxg, cancelg := context.WithTimeout(context.Background(), testTimeout)
+	defer cancelg()
+	if waitUntil(ctxg, func() bool { left = libraryGoroutines(); return len(left) == 0 }) != nil {
+		t.Errorf("goroutines of the library left after every case ended: %d\n%s", len(left), strings.Join(left, "\n\n"))
+	}
+	t.Logf("goroutines: %d before the cases, %d after (the server's and the healthy client's), none of the library's", goroutines, runtime.NumGoroutine())
 	if only != nil {
 		t.Logf("-short: each call and fault on one kind (%d cases); go test without -short runs every kind", len(only))
 	}
@@ -641,6 +641,19 @@ func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
 	if mc.sm.fires() == 0 && !mc.sweep {
 		t.Fatalf("the fault never fired: no %s call was made", mc.at)
 	}
+}
+
+// libraryGoroutines returns the stacks of the goroutines that run code of
+// the library (the root package or internal/queue), not of its tests.
+func libraryGoroutines() []string {
+	buf := make([]byte, 4<<20)
+	var left []string
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "github.com/etcdlock/etcdlock.") || strings.Contains(g, "github.com/etcdlock/etcdlock/internal/") {
+			left = append(left, g)
+		}
+	}
+	return left
 }
 
 // bookkeeping checks what the actor keeps in etcd besides lock keys: at

@@ -187,7 +187,9 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 			st.grantGroup(m.group, h)
 		}
 	}
-	_, err = m.s.acquire(ctx, claim{t: m.s.newGroupTicket(tm, m.names, m.rules), wait: wait, turn: turn, then: pass, grant: grant})
+	t := m.s.newGroupTicket(tm, m.names, m.rules)
+	t.turn = groupKeeper{&turns}
+	_, err = m.s.acquire(ctx, claim{t: t, wait: wait, turn: turn, then: pass, grant: grant})
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}

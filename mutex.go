@@ -115,7 +115,11 @@ func (m *Mutex) LockContext(ctx context.Context) error {
 // waited ahead; (false, err) on failure, with ctx.Err() when ctx ended
 // first, and the errors of LockContext. WithRenewal, while no lease is to
 // be had it waits for one within wait, and returns ErrSessionExpired if none
-// came (at once for a try). A try that fails because another holder has the lock writes nothing
+// came (at once for a try). While the delete of an earlier key of this
+// process (a failed acquisition's, an unlock's) is retried in the
+// background because etcd did not confirm it, the lock's turn in this
+// process waits for it: a try, or a wait that runs out meanwhile, returns
+// an error that says so, since etcd may or may not still have that key. A try that fails because another holder has the lock writes nothing
 // to etcd; like LockContext, every call that returns without the lock leaves
 // no key of its own behind. Where etcd does not answer, even a try
 // (wait <= 0) waits for it until ctx ends: put a deadline on ctx to bound
@@ -147,7 +151,9 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	// Our process's turn first: one key per process, taken by one
 	// goroutine at a time.
 	turn := func(ctx context.Context) (*hold, bool, error) { return st.await(ctx, how, w) }
-	_, err = m.s.acquire(ctx, claim{t: m.ticket(tm), wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
+	t := m.ticket(tm)
+	t.turn = st
+	_, err = m.s.acquire(ctx, claim{t: t, wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}

@@ -2,6 +2,8 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -36,6 +38,7 @@ type lockState struct {
 
 	mu       sync.Mutex
 	busy     bool      // the turn is taken: by the holder, an acquirer, or a cleanup
+	cleaning error     // the turn waits for a delete retried in the background: why it was not confirmed; nil otherwise
 	queue    []*waiter // local goroutines waiting for the turn, oldest first
 	owner    int64     // goroutine id of the holder; 0 when not held
 	scopes   []*scope  // the holder's open Do scopes: their goroutines hold too
@@ -119,6 +122,7 @@ const (
 	turnBusy                   // a try: the turn is taken
 	wouldDeadlock              // the goroutine holds the lock another way (Mutex, MultiMutex)
 	holdLost                   // the goroutine holds the lock, but its hold is known lost: nothing changed
+	turnCleaning               // a try: the turn waits for the delete of an earlier key of this process
 )
 
 // mutexState returns the live record of the Mutex name of s, creating it if
@@ -175,6 +179,8 @@ func (st *lockState) takeTurn(try, group bool) (entry, *waiter) {
 	case !st.busy:
 		st.busy = true
 		return gotTurn, nil
+	case try && st.cleaning != nil:
+		return turnCleaning, nil
 	case try:
 		return turnBusy, nil
 	}
@@ -184,12 +190,15 @@ func (st *lockState) takeTurn(try, group bool) (entry, *waiter) {
 }
 
 // await ends an entry that takes the turn: errBusy for a try that found it
-// taken, the wait of a queued goroutine (and the hold, if one came with the
-// turn), else nothing; waited says whether it waited.
+// taken, errCleaning for one that found it waiting for a delete, the wait of
+// a queued goroutine (and the hold, if one came with the turn), else
+// nothing; waited says whether it waited.
 func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, waited bool, err error) {
 	switch how {
 	case turnBusy:
 		return nil, true, errBusy
+	case turnCleaning:
+		return nil, true, st.cleaningErr()
 	case queued:
 		h, err := st.awaitTurn(ctx, w)
 		return h, true, err
@@ -200,7 +209,9 @@ func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, 
 // awaitTurn waits until w has the turn: the right to use etcd for this lock.
 // If the hold itself came with it (WithLocalHandoff), it returns that hold,
 // which counts as taken even if ctx ended at the same moment. It returns
-// ctx.Err() if ctx ends first, leaving the queue as it was.
+// ctx.Err() if ctx ends first, leaving the queue as it was; or errCleaning
+// if the turn was then waiting for the delete of an earlier key of this
+// process: nobody else held or waited.
 func (st *lockState) awaitTurn(ctx context.Context, w *waiter) (*hold, error) {
 	select {
 	case <-w.ready:
@@ -218,9 +229,45 @@ func (st *lockState) awaitTurn(ctx context.Context, w *waiter) (*hold, error) {
 		st.passTurn()
 	default:
 		st.queue = slices.DeleteFunc(st.queue, func(q *waiter) bool { return q == w })
+		cleaning := st.cleaning != nil && len(st.queue) == 0 && st.owner == 0
 		st.mu.Unlock()
+		if cleaning {
+			return nil, st.cleaningErr()
+		}
 	}
 	return nil, ctx.Err()
+}
+
+// retrying records that the turn waits for a delete retried in the
+// background, which err left unconfirmed.
+func (st *lockState) retrying(err error) {
+	if err == nil {
+		err = errors.New("not confirmed")
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.cleaning = err
+}
+
+// cleaningErr returns the error of a call that found the turn waiting for
+// a delete: etcd may or may not still have the earlier key.
+func (st *lockState) cleaningErr() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.cleaning == nil {
+		return errBusy // the delete ended meanwhile; the turn went on
+	}
+	return fmt.Errorf("%w: %v", errCleaning, st.cleaning)
+}
+
+// A groupKeeper is the turns a MultiMutex took, as a turnKeeper: they wait
+// together for the delete of its keys.
+type groupKeeper struct{ turns *[]*lockState }
+
+func (g groupKeeper) retrying(err error) {
+	for _, st := range *g.turns {
+		st.retrying(err)
+	}
 }
 
 // grant makes the calling goroutine, which has the turn, the holder of h.
@@ -298,6 +345,7 @@ func (st *lockState) handOff(h *hold) bool {
 // retires the record if nothing else uses it.
 func (st *lockState) passTurn() {
 	st.mu.Lock()
+	st.cleaning = nil
 	if len(st.queue) > 0 {
 		w := st.queue[0]
 		st.queue = st.queue[1:]

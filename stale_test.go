@@ -11,7 +11,9 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -659,5 +661,82 @@ func TestLostWriteHoldKept(t *testing.T) {
 	}
 	if err := other.Release(); err != nil {
 		t.Errorf("the other goroutine's unlock: got %v, want nil", err)
+	}
+}
+
+// TestTryWhileCleaning: an acquisition whose reply is lost as etcd becomes
+// unreachable leaves its key unsure, and its delete goes on in the
+// background, keeping the lock's turn in this process. Meanwhile another
+// goroutine's try cannot tell whether the key is there: it answers an error
+// that says so, not "busy" (nobody else holds or waits); once etcd is back
+// the delete lands and the try takes the lock.
+func TestTryWhileCleaning(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, healthy := startServer(t)
+	var down atomic.Bool // every Txn fails unsent, as with etcd unreachable
+	lost := make(chan struct{}, 1)
+	c := interceptedClient(t, healthy.Endpoints(), func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		switch {
+		case method != txnMethod:
+		case down.Load():
+			return status.Error(codes.Unavailable, "test: etcd unreachable")
+		case len(lost) > 0:
+			<-lost
+			if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+				return err
+			}
+			down.Store(true)
+			return status.Error(codes.Unavailable, "test: reply lost")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}, nil)
+	s := newSession(t, c)
+	name := lockName(t)
+	m := etcdlock.NewMutex(s, name)
+	ctx := testContext(t)
+	lost <- struct{}{}
+	if err := m.LockContext(ctx); err == nil {
+		t.Fatal("LockContext with its reply lost: got nil, want an error")
+	}
+	try := func(wait time.Duration) error {
+		res := make(chan error, 1)
+		go func() {
+			ok, err := m.TryLockFor(ctx, wait)
+			switch {
+			case ok || err == nil:
+				err = fmt.Errorf("got (%v, %v)", ok, err)
+			case !strings.Contains(err.Error(), "delete is being retried"):
+				err = fmt.Errorf("got (false, %v), want the error of a delete being retried", err)
+			default:
+				err = nil
+			}
+			res <- err
+		}()
+		return <-res
+	}
+	if err := try(0); err != nil {
+		t.Errorf("another goroutine's TryLockFor(ctx, 0) while the delete is retried: %v (keys: %v)", err, lockKeys(t, healthy, name))
+	}
+	if err := try(200 * time.Millisecond); err != nil {
+		t.Errorf("another goroutine's TryLockFor(ctx, 200ms) while the delete is retried: %v", err)
+	}
+	if keys := lockKeys(t, healthy, name); len(keys) != 1 {
+		t.Errorf("keys while etcd is unreachable: got %v, want the acquisition's (applied, its reply lost)", keys)
+	}
+	down.Store(false)
+	got := make(chan error, 1)
+	go func() {
+		var err error
+		for deadline := time.Now().Add(testTimeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			var ok bool
+			if ok, err = m.TryLockFor(ctx, 0); ok {
+				got <- m.UnlockContext(ctx)
+				return
+			}
+		}
+		got <- fmt.Errorf("never held: the last try: %v", err)
+	}()
+	if err := <-got; err != nil {
+		t.Errorf("TryLockFor once etcd is back: %v (keys: %v)", err, lockKeys(t, healthy, name))
 	}
 }

@@ -35,6 +35,16 @@ type ticket struct {
 	term *leaseTerm // the lease our key is put with
 	lock string
 	kind Kind
+	// turn, if not nil, is the turn of this process that our key is (a
+	// Mutex's, a MultiMutex's), which waits for the key's delete.
+	turn turnKeeper
+}
+
+// A turnKeeper is a turn of this process that waits for the delete of a
+// key: told when the delete goes on in the background, so that a call that
+// finds the turn taken can tell that wait from another holder.
+type turnKeeper interface {
+	retrying(err error)
 }
 
 // newTicket returns a ticket for key, put with the lease of tm, with value,
@@ -61,7 +71,7 @@ func (s *Session) newGroupTicket(tm *leaseTerm, names []string, rules []*queue.R
 func (t *ticket) abort(ctx context.Context, then func()) {
 	if t.MayBeInEtcd() && !t.term.Expired() {
 		if _, err := t.release(ctx, abortTimeout); err != nil {
-			t.releaseLater(then)
+			t.releaseLater(err, then)
 			return
 		}
 	}
@@ -82,8 +92,12 @@ func (t *ticket) release(ctx context.Context, timeout time.Duration) (bool, erro
 // backoff, until it succeeds or its lease ends (which ends an attempt under
 // way too: the revoke of the lease, by Close or renew, or its expiry deletes
 // the key anyway), then runs then (which may be nil). The retries of a
-// Session share one goroutine, however many deletes wait.
-func (t *ticket) releaseLater(then func()) {
+// Session share one goroutine, however many deletes wait. err is why the
+// delete was not confirmed.
+func (t *ticket) releaseLater(err error, then func()) {
+	if t.turn != nil {
+		t.turn.retrying(err)
+	}
 	t.s.retries.add(t.s, retry{t, then})
 }
 
