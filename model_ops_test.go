@@ -325,8 +325,10 @@ func (a *goroutine) rwLock(r *rand.Rand, write bool, wait time.Duration) {
 	switch {
 	case write:
 		prior = a.write
-	case a.write.n > 0:
+		prior.n += a.nested // its reads keep the write hold
+	case a.write.n > 0 || a.nested > 0:
 		prior = a.write // a read by the writer is part of its write hold
+		prior.n += a.nested
 	default:
 		prior = a.read
 	}
@@ -351,7 +353,7 @@ func (a *goroutine) rwLock(r *rand.Rand, write bool, wait time.Duration) {
 	switch {
 	case write:
 		a.gained(&a.write, c, hold, rl)
-	case prior.n > 0 && a.write.n > 0:
+	case prior.n > 0 && (a.write.n > 0 || a.nested > 0):
 		a.gained(&a.write, c, hold, rule{kind: ruleFirst, prefix: a.w.rwName() + "/"})
 		a.mu.Lock()
 		a.write.n-- // counted as a nested read, not a write
