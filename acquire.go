@@ -37,17 +37,19 @@ type claim struct {
 }
 
 // acquire is the acquisition path of every primitive: it reports the call
-// to the observers from its start to its end, bounds it by c.wait and by
-// the Session's life, runs c.turn, acquires c.t, and returns the new hold.
-// On failure it leaves no key of c.t in etcd, or hands its delete to a
-// background retry, and returns errBusy where the try or the wait ran out
-// (each primitive says that its own way), else the error failure maps.
+// to the observers from its start to its end, bounds it by its lease term,
+// runs c.turn, acquires c.t, and returns the new hold. c.wait bounds only
+// the time spent waiting for others (in this process, then in etcd), not
+// the requests to etcd, which ctx bounds. On failure it leaves no key of c.t
+// in etcd, or hands its delete to a background retry, and returns errBusy
+// where the try or the wait ran out while others held or waited ahead (each
+// primitive says that its own way), else the error failure maps.
 func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 	a := s.events.startAcquire(c.t.kind, c.t.lock, c.t.term.id)
-	opCtx, cancel := opContext(ctx, c.t.term, c.wait)
+	opCtx, cancel := opContext(ctx, c.t.term)
 	defer cancel()
 	fail := func(contended bool, err error) (*hold, error) {
-		err = failure(ctx, opCtx, c.t.term, c.t.lock, err)
+		err = failure(ctx, c.t.term, c.t.lock, err)
 		reported := err
 		if errors.Is(err, errBusy) {
 			reported = nil
@@ -56,8 +58,18 @@ func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 		return nil, err
 	}
 	var queued bool
+	wait := c.wait
 	if c.turn != nil {
-		h, contended, err := c.turn(opCtx)
+		start := time.Now()
+		tctx, tcancel := opCtx, context.CancelFunc(func() {})
+		if wait > 0 {
+			tctx, tcancel = context.WithTimeout(opCtx, wait)
+		}
+		h, contended, err := c.turn(tctx)
+		tcancel()
+		if wait > 0 {
+			wait = max(wait-time.Since(start), time.Nanosecond)
+		}
 		switch {
 		case err != nil:
 			return fail(contended, err)
@@ -71,7 +83,7 @@ func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 		queued = contended
 	}
 	t := c.t
-	if err := t.Acquire(opCtx, c.wait); err != nil {
+	if err := t.Acquire(opCtx, wait); err != nil {
 		t.abort(opCtx, c.then)
 		return fail(queued || t.Contended(), err)
 	}
@@ -84,19 +96,18 @@ func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
 }
 
 // failure returns the error of an acquisition of the lock name that did not
-// take the lock: errBusy where a try or the wait (opCtx's own deadline) ran
-// out, which each primitive reports its own way; else the caller's context's
-// error; else ErrSessionExpired where the lease tm is gone; else err, wrapped with the lock's name
-// unless it is ErrLimitMismatch. An etcd error that came as the wait ran out
-// is that error: only the end of opCtx itself is the wait running out.
-func failure(ctx, opCtx context.Context, tm *leaseTerm, name string, err error) error {
+// take the lock: the caller's context's error where it ended; else
+// ErrSessionExpired where the lease tm is gone; else errBusy where a try
+// found others ahead, or the wait ran out while others held or waited
+// ahead, which each primitive reports its own way; else err, wrapped with
+// the lock's name unless it is ErrLimitMismatch.
+func failure(ctx context.Context, tm *leaseTerm, name string, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case tm.Expired() || errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return ErrSessionExpired
-	case errors.Is(err, errBusy),
-		errors.Is(opCtx.Err(), context.DeadlineExceeded) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+	case errors.Is(err, errBusy):
 		return errBusy
 	case errors.Is(err, ErrLimitMismatch):
 		return err

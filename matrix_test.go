@@ -649,7 +649,7 @@ func libraryGoroutines() []string {
 	buf := make([]byte, 4<<20)
 	var left []string
 	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-		if strings.Contains(g, "github.com/etcdlock/etcdlock.") || strings.Contains(g, "github.com/etcdlock/etcdlock/internal/") {
+		if strings.Contains(g, "github.com/etcdlock/etcdlock.") || strings.Contains(g, "github.com/etcdlock/etcdlock/internal/queue.") {
 			left = append(left, g)
 		}
 	}

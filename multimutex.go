@@ -112,8 +112,9 @@ func (m *MultiMutex) LockContext(ctx context.Context) error {
 }
 
 // TryLockFor takes every lock, waiting at most wait for the holders to leave
-// (wait <= 0: only try). It returns (true, nil) when all are held; (false,
-// nil) when the wait ran out; (false, err) on failure, as LockContext. A try
+// (wait <= 0: only try), counted as Mutex.TryLockFor counts it. It returns
+// (true, nil) when all are held; (false, nil) when the wait ran out while
+// others held or waited ahead; (false, err) on failure, as LockContext. A try
 // that fails because a name is held writes nothing to etcd; every call that
 // returns without the locks leaves no key of its own behind.
 func (m *MultiMutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {

@@ -110,9 +110,11 @@ func (m *Mutex) LockContext(ctx context.Context) error {
 }
 
 // TryLockFor takes the lock, waiting at most wait for the holder to leave
-// (wait <= 0: only try). It returns (true, nil) when held; (false, nil) when
-// the wait ran out, which means that another goroutine or process held or
-// waited ahead; (false, err) on failure, with ctx.Err() when ctx ended
+// (wait <= 0: only try). The wait counts only the time spent waiting for
+// others (another goroutine of this process, then the keys ahead in etcd),
+// not etcd's answers, which ctx bounds. It returns (true, nil) when held;
+// (false, nil) when the wait ran out, which means that another goroutine or
+// process held or waited ahead; (false, err) on failure, with ctx.Err() when ctx ended
 // first, and the errors of LockContext. WithRenewal, while no lease is to
 // be had it waits for one within wait, and returns ErrSessionExpired if none
 // came (at once for a try). While the delete of an earlier key of this

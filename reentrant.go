@@ -209,9 +209,10 @@ func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, 
 // awaitTurn waits until w has the turn: the right to use etcd for this lock.
 // If the hold itself came with it (WithLocalHandoff), it returns that hold,
 // which counts as taken even if ctx ended at the same moment. It returns
-// ctx.Err() if ctx ends first, leaving the queue as it was; or errCleaning
-// if the turn was then waiting for the delete of an earlier key of this
-// process: nobody else held or waited.
+// errBusy if ctx ends first (another goroutine held or waited ahead),
+// leaving the queue as it was; or errCleaning if the turn was then waiting
+// for the delete of an earlier key of this process: nobody else held or
+// waited.
 func (st *lockState) awaitTurn(ctx context.Context, w *waiter) (*hold, error) {
 	select {
 	case <-w.ready:
@@ -235,7 +236,7 @@ func (st *lockState) awaitTurn(ctx context.Context, w *waiter) (*hold, error) {
 			return nil, st.cleaningErr()
 		}
 	}
-	return nil, ctx.Err()
+	return nil, errBusy
 }
 
 // retrying records that the turn waits for a delete retried in the

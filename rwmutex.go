@@ -132,9 +132,10 @@ func (rw *RWMutex) RLockContext(ctx context.Context) error {
 	return err
 }
 
-// TryLockFor takes the write lock, waiting at most wait (wait <= 0: only
-// try). It returns (true, nil) when held, (false, nil) when the wait ran out,
-// and (false, err) on failure, as Mutex.TryLockFor does.
+// TryLockFor takes the write lock, waiting at most wait for the others to
+// leave (wait <= 0: only try). It returns (true, nil) when held, (false,
+// nil) when the wait ran out while others held or waited ahead, and (false,
+// err) on failure, as Mutex.TryLockFor does.
 func (rw *RWMutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {
 	return rw.acquire(ctx, true, max(wait, tryOnly))
 }

@@ -82,7 +82,9 @@ func (sem *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 }
 
 // TryAcquire waits at most wait for a permit (wait <= 0: only try) and
-// returns it; ErrNoPermit when none came free in time. A try that finds
+// returns it; ErrNoPermit when none came free in time while others held or
+// waited ahead. The wait counts only the time spent waiting for others, not
+// etcd's answers, which ctx bounds. A try that finds
 // every permit taken writes nothing to etcd. Other failures are those of
 // Acquire.
 func (sem *Semaphore) TryAcquire(ctx context.Context, wait time.Duration) (*Permit, error) {

@@ -372,15 +372,9 @@ func (s *Session) closedByUser() bool {
 	return s.closing || s.ctx.Err() != nil
 }
 
-// opContext returns ctx, also cancelled when the term tm ends and, for
-// wait > 0, after wait.
-func opContext(ctx context.Context, tm *leaseTerm, wait time.Duration) (context.Context, context.CancelFunc) {
-	var cancel context.CancelFunc
-	if wait > 0 {
-		ctx, cancel = context.WithTimeout(ctx, wait)
-	} else {
-		ctx, cancel = context.WithCancel(ctx)
-	}
+// opContext returns ctx, also cancelled when the term tm ends.
+func opContext(ctx context.Context, tm *leaseTerm) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(tm.ctx(), cancel)
 	return ctx, func() { stop(); cancel() }
 }

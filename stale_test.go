@@ -740,3 +740,41 @@ func TestTryWhileCleaning(t *testing.T) {
 		t.Errorf("TryLockFor once etcd is back: %v (keys: %v)", err, lockKeys(t, healthy, name))
 	}
 }
+
+// TestWaitCountsOnlyHolders: TryLockFor's wait bounds the time spent
+// waiting for others, not for etcd's answers: with etcd silent and nobody
+// holding, a TryLockFor(ctx, 200ms) must not answer "busy" after 200 ms (the
+// lock may well be free); it waits for etcd until ctx ends, as a try does,
+// and returns ctx's error. The same for a Semaphore's TryAcquire, which must
+// not answer ErrNoPermit.
+func TestWaitCountsOnlyHolders(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, healthy := startServer(t)
+	var silent atomic.Bool // every Txn waits for its context, unanswered
+	c := interceptedClient(t, healthy.Endpoints(), func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == txnMethod && silent.Load() {
+			<-ctx.Done()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}, nil)
+	s := newSession(t, c)
+	name := lockName(t)
+	m := etcdlock.NewMutex(s, name+"-mutex")
+	sem := etcdlock.NewSemaphore(s, name+"-sem", 1)
+	silent.Store(true)
+	ctx, cancel := context.WithTimeout(testContext(t), time.Second)
+	defer cancel()
+	if ok, err := m.TryLockFor(ctx, 200*time.Millisecond); ok || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Mutex.TryLockFor(ctx, 200ms) with etcd silent and nobody holding: got (%v, %v), want (false, ctx's deadline)", ok, err)
+	}
+	ctx, cancel = context.WithTimeout(testContext(t), time.Second)
+	defer cancel()
+	if p, err := sem.TryAcquire(ctx, 200*time.Millisecond); p != nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Semaphore.TryAcquire(ctx, 200ms) with etcd silent and nobody holding: got (%v, %v), want (nil, ctx's deadline)", p, err)
+	}
+	silent.Store(false)
+	if keys := append(lockKeys(t, healthy, name+"-mutex"), lockKeys(t, healthy, name+"-sem")...); len(keys) != 0 {
+		t.Errorf("keys left: %v", keys)
+	}
+}

@@ -16,7 +16,8 @@ var (
 	// ErrKeyGone: our key vanished while we waited (deleted by someone, or
 	// its lease revoked).
 	ErrKeyGone = errors.New("etcdlock: lock key deleted while waiting")
-	// ErrBusy: a try found the lock taken.
+	// ErrBusy: a try found the lock taken, or a wait ended while other
+	// keys held it.
 	ErrBusy = errors.New("etcdlock: held by another holder")
 	// ErrForeignKeys: a group found some of its keys in their queues
 	// already, not put together by one acquisition (another process with

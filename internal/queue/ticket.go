@@ -26,11 +26,33 @@ import (
 // context ends, so that its outcome is known and not left to chance (D3).
 const replyGrace = 250 * time.Millisecond
 
-// How long an acquisition waits for the holders to leave.
+// How long an acquisition waits for the holders to leave: a positive
+// duration is counted from when etcd first says other keys block ours, so
+// that a request etcd has not answered yet does not count (ctx bounds it).
 const (
 	WaitForever time.Duration = -1 // until held, or ctx ends
 	TryOnly     time.Duration = 0  // not at all, and write nothing if blocked
 )
+
+// A waitBudget is how long an acquisition may still wait for other keys to
+// go: its clock starts at the first wait, and every later wait (another
+// queue of a group, a queue entered again) shares it.
+type waitBudget struct {
+	wait time.Duration // WaitForever, or a positive duration
+	end  time.Time     // zero until the first wait
+}
+
+// context returns ctx bounded by what is left of the budget, starting its
+// clock if it has not started.
+func (b *waitBudget) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	if b.wait <= 0 {
+		return context.WithCancel(ctx)
+	}
+	if b.end.IsZero() {
+		b.end = time.Now().Add(b.wait)
+	}
+	return context.WithDeadline(ctx, b.end)
+}
 
 // A Lease is the lease a queue's keys are put with, as the protocol needs
 // it.
@@ -226,7 +248,8 @@ func (t *Ticket) put() clientv3.Op {
 // at one new revision. On failure the keys may be in etcd (MayBeInEtcd):
 // the caller deletes them.
 func (t *Ticket) Acquire(ctx context.Context, wait time.Duration) error {
-	err := t.enter(ctx, wait)
+	budget := &waitBudget{wait: wait}
+	err := t.enter(ctx, budget)
 	for errors.Is(err, ErrKeyGone) && ctx.Err() == nil && !t.c.Lease.Expired() {
 		if len(t.group) > 1 {
 			if _, err = t.Delete(ctx); err != nil {
@@ -235,7 +258,7 @@ func (t *Ticket) Acquire(ctx context.Context, wait time.Duration) error {
 		}
 		// A revoked lease fails the put with ErrLeaseNotFound.
 		t.set(keyAbsent, 0)
-		err = t.enter(ctx, wait)
+		err = t.enter(ctx, budget)
 	}
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		t.c.Lease.Gone()
@@ -243,8 +266,10 @@ func (t *Ticket) Acquire(ctx context.Context, wait time.Duration) error {
 	return err
 }
 
-// enter puts our keys in their queues and waits for their turn.
-func (t *Ticket) enter(ctx context.Context, wait time.Duration) error {
+// enter puts our keys in their queues and waits for their turn, within
+// what is left of budget.
+func (t *Ticket) enter(ctx context.Context, budget *waitBudget) error {
+	wait := budget.wait
 	var ps []place
 	var err error
 	if wait == TryOnly {
@@ -272,7 +297,9 @@ func (t *Ticket) enter(ctx context.Context, wait time.Duration) error {
 			continue
 		}
 		// The place came from the acquire Txn: nobody was behind us.
-		p, err := m.wait(ctx, ps[i])
+		wctx, cancel := budget.context(ctx)
+		p, err := m.wait(wctx, ps[i])
+		cancel()
 		switch {
 		case err != nil:
 			return err

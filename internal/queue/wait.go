@@ -15,7 +15,8 @@ import (
 const ownWatchDelay = 100 * time.Millisecond
 
 // wait waits from the blocked place p until our key holds, or is gone, and
-// returns the place that says which.
+// returns the place that says which. When ctx ends first it returns ErrBusy:
+// the last place etcd gave was blocked by other keys.
 //
 // D4: it watches from now, not from the revision of the read that gave p: a
 // watch that starts behind the server's revision is "unsynced" and served
@@ -63,6 +64,9 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 			}
 		}
 		stop()
+		if err != nil && ctx.Err() != nil {
+			return p, ErrBusy
+		}
 		if err != nil {
 			return p, err
 		}
