@@ -217,15 +217,22 @@ func tryOrLock(ctx context.Context, wait time.Duration, lock func(context.Contex
 	return tryFor(ctx, wait)
 }
 
-func (a *goroutine) mutexLock(r *rand.Rand, wait time.Duration) {
+// mutexCall begins a call of the goroutine on the Mutex: its handle, the
+// call's context, what the judge knows before the call, and whether the
+// goroutine holds the name another way (a MultiMutex).
+func (a *goroutine) mutexCall(r *rand.Rand, what string) (*etcdlock.Mutex, context.Context, context.CancelFunc, modelCall, bool) {
 	m := etcdlock.NewMutex(a.ms.session(), a.w.mutexName())
 	ctx, cancel := callContext(r)
-	defer cancel()
 	a.mu.Lock()
 	prior := a.mutex
 	wouldDeadlock := a.multi.n > 0
 	a.mu.Unlock()
-	c := a.begin("Mutex", []string{a.w.mutexName()}, prior)
+	return m, ctx, cancel, a.begin(what, []string{a.w.mutexName()}, prior), wouldDeadlock
+}
+
+func (a *goroutine) mutexLock(r *rand.Rand, wait time.Duration) {
+	m, ctx, cancel, c, wouldDeadlock := a.mutexCall(r, "Mutex")
+	defer cancel()
 	held, err := tryOrLock(ctx, wait, m.LockContext, m.TryLockFor)
 	if held {
 		h, ok := m.Held()
@@ -247,14 +254,8 @@ func (a *goroutine) mutexUnlock() {
 // mutexDo runs Do with an f that judges its hold, and locks again through
 // its scope from another goroutine.
 func (a *goroutine) mutexDo(r *rand.Rand) {
-	m := etcdlock.NewMutex(a.ms.session(), a.w.mutexName())
-	ctx, cancel := callContext(r)
+	m, ctx, cancel, c, wouldDeadlock := a.mutexCall(r, "Mutex.Do")
 	defer cancel()
-	a.mu.Lock()
-	prior := a.mutex
-	wouldDeadlock := a.multi.n > 0
-	a.mu.Unlock()
-	c := a.begin("Mutex.Do", []string{a.w.mutexName()}, prior)
 	ran := false
 	err := m.Do(ctx, func(fctx context.Context) error {
 		ran = true
