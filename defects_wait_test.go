@@ -208,7 +208,6 @@ func TestD8WaiterSessionRevoked(t *testing.T) {
 			name := lockName(t)
 			h := holder(t, name)
 			s := newSession(t, wc)
-			eventually(t, "a keep-alive of the waiter's lease", func() bool { return rec.keptAlive(s.Lease()) })
 			fault.arm(0, 1, func(ctx context.Context, invoke func() error) error {
 				if err := invoke(); err != nil {
 					return err

@@ -114,14 +114,12 @@ type watchCreate struct {
 }
 
 // watchRecorder is a stream interceptor that records every watch created on
-// a client, with the store's revision just before, and the leases whose
-// keep-alives etcd acknowledged.
+// a client, with the store's revision just before.
 type watchRecorder struct {
 	rev func() int64
 
 	mu      sync.Mutex
 	creates []*watchCreate
-	acked   map[clientv3.LeaseID]bool
 }
 
 // watching reports whether a watch of key, alone or in a range, has been
@@ -138,16 +136,9 @@ func (r *watchRecorder) watching(key string) bool {
 	return false
 }
 
-// keptAlive reports whether etcd has acknowledged a keep-alive of lease.
-func (r *watchRecorder) keptAlive(lease clientv3.LeaseID) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.acked[lease]
-}
-
 func (r *watchRecorder) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	cs, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || method != "/etcdserverpb.Watch/Watch" && method != "/etcdserverpb.Lease/LeaseKeepAlive" {
+	if err != nil || method != "/etcdserverpb.Watch/Watch" {
 		return cs, err
 	}
 	return &recordingStream{ClientStream: cs, r: r}, nil
@@ -186,14 +177,6 @@ func (s *recordingStream) SendMsg(m any) error {
 
 func (s *recordingStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
-	if resp, ok := m.(*pb.LeaseKeepAliveResponse); ok && err == nil && resp.TTL > 0 {
-		s.r.mu.Lock()
-		if s.r.acked == nil {
-			s.r.acked = make(map[clientv3.LeaseID]bool)
-		}
-		s.r.acked[clientv3.LeaseID(resp.ID)] = true
-		s.r.mu.Unlock()
-	}
 	if resp, ok := m.(*pb.WatchResponse); ok && err == nil && resp.Created && resp.Header != nil {
 		s.r.mu.Lock()
 		if len(s.pending) > 0 {

@@ -25,9 +25,6 @@ type modelHold struct {
 	done  <-chan struct{} // its loss signal
 }
 
-// lost reports whether the hold's loss signal has closed.
-func (h *modelHold) lost() bool { return h.n > 0 && isClosed(h.done) }
-
 // An actor is one goroutine of a Session in the model-based test.
 type goroutine struct {
 	w    *world

@@ -71,9 +71,10 @@ func TestModel(t *testing.T) {
 	}
 	var stats modelStats
 	start := time.Now()
-	for i := 0; i == 0 || time.Since(start) < budget; i++ {
+	end := start.Add(budget)
+	for i := 0; i == 0 || time.Now().Before(end); i++ {
 		s := seed + uint64(i)
-		ok := t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { runModel(t, s, &stats) })
+		ok := t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { runModel(t, s, end, &stats) })
 		if !ok {
 			t.Fatalf("sequence failed: rerun it with ETCDLOCK_MODEL_SEED=%d", s)
 		}
@@ -133,7 +134,9 @@ func (w *world) multiNames() []string {
 	return []string{w.prefix + "/m", w.prefix + "/x"}
 }
 
-func runModel(t *testing.T, seed uint64, stats *modelStats) {
+// runModel runs the sequence of seed: its steps, until end if it comes
+// first (the first sequence runs them all), and its checks.
+func runModel(t *testing.T, seed uint64, end time.Time, stats *modelStats) {
 	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), stats: stats, log: newStepLog(seed), writes: true}
 	defer func() {
 		if t.Failed() {
@@ -157,7 +160,7 @@ func runModel(t *testing.T, seed uint64, stats *modelStats) {
 	defer w.close()
 	stats.sequences.Add(1)
 
-	for step := 1; step <= modelSteps && !t.Failed(); step++ {
+	for step := 1; step <= modelSteps && !t.Failed() && (stats.sequences.Load() == 1 || time.Now().Before(end)); step++ {
 		stats.steps.Add(1)
 		if w.rng.IntN(6) == 0 {
 			w.fault()
