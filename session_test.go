@@ -191,7 +191,8 @@ func TestSessionWithContextCancel(t *testing.T) {
 }
 
 // TestSessionRevokedElsewhere: the lease revoked by another client ends the
-// Session within TTL/3 + 1 s (asserted: twice that).
+// Session at its next keep-alive, within TTL/4 + a round trip (asserted:
+// twice TTL/3 + 1 s).
 func TestSessionRevokedElsewhere(t *testing.T) {
 	testflags.ParallelShort(t)
 	const ttl = 3 * time.Second
