@@ -9,7 +9,9 @@ package etcdlock_test
 //     and a goroutine whose Done had closed before it locked again is not
 //     answered held;
 //   - busy ((false, nil), ErrNoPermit) ⇒ another goroutine held, waited or
-//     was acquiring, or etcd had a key of the lock;
+//     was acquiring, or etcd had a key of the lock, when the call began or
+//     when it returned (a key whose delete is retried in the background is
+//     one, until it lands);
 //   - ErrLockLost on a lock ⇒ the goroutine held, and its Done closes within
 //     lossBound; ErrWouldDeadlock ⇒ it held the lock another way;
 //   - an unlock ⇒ ErrNotHeld if and only if the goroutine held nothing;
@@ -57,11 +59,12 @@ type modelCall struct {
 	names        []string
 	prior        modelHold // the goroutine's hold of that kind before
 	doneOpen     bool      // the prior hold's Done was still open
-	othersBefore bool      // another goroutine held or used the lock
+	othersBefore bool      // another goroutine held or used the lock, or etcd had a key of it
 }
 
 func (a *goroutine) begin(what string, names []string, prior modelHold) modelCall {
-	return modelCall{what: what, names: names, prior: prior, doneOpen: prior.n == 0 || !isClosed(prior.done), othersBefore: a.othersActive(names)}
+	others := a.othersActive(names) || len(a.w.keysUnder(names)) > 0
+	return modelCall{what: what, names: names, prior: prior, doneOpen: prior.n == 0 || !isClosed(prior.done), othersBefore: others}
 }
 
 // gained judges a call that answered held, and counts the hold in target.
