@@ -147,6 +147,7 @@ func runModel(t *testing.T, seed uint64, end time.Time, stats *modelStats) {
 	perm := clientv3.PermissionType(clientv3.PermReadWrite)
 	env := authServer(t, prefixPermission(w.prefix+"/", perm), prefixPermission("etcdlock.fence.", perm))
 	w.root, w.role = env.root, env.role
+	defer w.close() // before the setup: a failed connect still closes the clients made, or the proxies' cleanup waits for them
 	for i, spec := range modelSessions {
 		ms := &modelSession{i: i, renew: spec.renew, handoff: spec.handoff}
 		_, ms.proxy = env.srv.ProxiedClient(t)
@@ -157,7 +158,6 @@ func runModel(t *testing.T, seed uint64, end time.Time, stats *modelStats) {
 			w.actors = append(w.actors, newGoroutine(w, ms, len(w.actors)))
 		}
 	}
-	defer w.close()
 	stats.sequences.Add(1)
 
 	for step := 1; step <= modelSteps && !t.Failed() && (stats.sequences.Load() == 1 || time.Now().Before(end)); step++ {
@@ -179,13 +179,20 @@ func runModel(t *testing.T, seed uint64, end time.Time, stats *modelStats) {
 
 // connect gives ms a new client and a new Session on it.
 func (w *world) connect(ms *modelSession) {
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints: ms.proxy.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		Username: "locker", Password: "lockerpw",
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(ms.faults.intercept)},
+	// The login is a request: on a loaded machine under -race it may take
+	// more than one dial timeout. Try for testTimeout.
+	var c *clientv3.Client
+	err := waitUntil(testContext(w.t), func() bool {
+		var err error
+		c, err = clientv3.New(clientv3.Config{
+			Endpoints: ms.proxy.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+			Username: "locker", Password: "lockerpw",
+			DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(ms.faults.intercept)},
+		})
+		return err == nil
 	})
 	if err != nil {
-		w.t.Fatalf("client: %v", err)
+		w.t.Fatalf("client: no login within %v", testTimeout)
 	}
 	opts := []etcdlock.SessionOption{etcdlock.WithTTL(modelTTL), etcdlock.WithLocalHandoff(ms.handoff)}
 	if ms.renew {
@@ -214,11 +221,16 @@ func (w *world) close() {
 	for _, ms := range w.sessions {
 		ms.proxy.Unblackhole()
 		ms.mu.Lock()
-		all := append(ms.old, ms.s)
+		all, c := append(ms.old, ms.s), ms.client
 		ms.mu.Unlock()
 		for _, s := range all {
-			_ = s.Close()
-			_ = s.Client().Close()
+			if s != nil {
+				_ = s.Close()
+				_ = s.Client().Close()
+			}
+		}
+		if c != nil {
+			_ = c.Close()
 		}
 	}
 }
