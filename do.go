@@ -94,10 +94,10 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 
 type heldKey struct{}
 
-// HeldFrom returns the hold of the innermost Do or Lead whose f's context
+// HoldFrom returns the hold of the innermost Do or Lead whose f's context
 // ctx derives from, and false for a context outside any. The hold may have
 // ended since: check ctx.Err(), and fence with Token or IsOwner.
-func HeldFrom(ctx context.Context) (Held, bool) {
-	h, ok := ctx.Value(heldKey{}).(Held)
+func HoldFrom(ctx context.Context) (Hold, bool) {
+	h, ok := ctx.Value(heldKey{}).(Hold)
 	return h, ok
 }

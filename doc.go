@@ -24,7 +24,7 @@
 // one writer, FIFO), Semaphore (at most N holders), MultiMutex (several
 // locks at once, in one Txn, with no deadlock), Mutex.Do (a scoped hold
 // whose function stops when the lock is lost), Lead and Session.Lead
-// (leader duty with failover), Inspect (who holds and who waits), Observe, ObserveLeader and
+// (leader duty with failover), Inspect (who holds and who waits), Follow, FollowLeader and
 // LeaderOf (the same for followers: who leads, and every change), and
 // Observer and WithLogger for what happens to the locks.
 //

@@ -46,24 +46,25 @@ func (t *ticket) newHold() *hold {
 // and token but gives the next goroutine a loss signal of its own.
 func (h *hold) again() *hold { return h.t.newHold() }
 
-// Held describes one hold, as one consistent snapshot: the hold of a Do or
-// Lead, for its f (HeldFrom), or the calling goroutine's hold of a Mutex or
-// RWMutex (their Held methods), taken at one moment. Its fields do not
-// change; Done and IsOwner follow the hold after the snapshot. The zero
-// Held describes no hold: IsOwner is always false, Done is closed.
-type Held struct {
-	Name  string           // the lock's name
-	Key   string           // our key
-	Token int64            // the fencing token: our key's create revision
+// Hold describes one hold, as one consistent snapshot taken at one moment:
+// the calling goroutine's hold of a Mutex, RWMutex or MultiMutex (their
+// Held methods), or the hold of a Do or Lead, for its f (HoldFrom). Its
+// fields do not change; Done and IsOwner follow the hold after the
+// snapshot. The zero Hold describes no hold: IsOwner is always false, Done
+// is closed.
+type Hold struct {
+	Name  string           // the lock's name; a MultiMutex's names, sorted, joined by commas
+	Key   string           // our key; a MultiMutex's first name's (Keys has them all)
+	Token int64            // the fencing token: the create revision of our key (every key of a MultiMutex's hold shares it)
 	Lease clientv3.LeaseID // our key's lease, the Session's at the acquisition: a key f puts with it goes when that lease does
 
-	h *hold // the hold, for Done; nil in the zero Held
+	h *hold // the hold, for Done; nil in the zero Hold
 }
 
 // Done returns the hold's loss signal, as Mutex.Done does for a hold: a
 // channel closed when this hold ends or is lost (a later hold of the same
-// lock has a channel of its own). It is closed for the zero Held.
-func (h Held) Done() <-chan struct{} {
+// lock has a channel of its own). It is closed for the zero Hold.
+func (h Hold) Done() <-chan struct{} {
 	if h.h == nil {
 		return closedDone
 	}
@@ -71,8 +72,20 @@ func (h Held) Done() <-chan struct{} {
 }
 
 // IsOwner returns a comparison for a clientv3 Txn that is true only while
-// the hold lasts, as Mutex.IsOwner does.
-func (h Held) IsOwner() clientv3.Cmp { return ownerCmp(h.Key, h.Token) }
+// the hold's Key lasts, as Mutex.IsOwner does. A MultiMutex's hold has a key
+// per name: guard the keys a Txn touches with
+// clientv3.Compare(clientv3.CreateRevision(key), "=", h.Token), one for each
+// key Keys returns.
+func (h Hold) IsOwner() clientv3.Cmp { return ownerCmp(h.Key, h.Token) }
+
+// Keys returns every key of the hold: Key alone, or a MultiMutex's, one per
+// name, in the order of its names (sorted). It is nil for the zero Hold.
+func (h Hold) Keys() []string {
+	if h.h == nil {
+		return nil
+	}
+	return h.h.t.Keys()
+}
 
 // ownerCmp returns a comparison for a clientv3 Txn that is true only while
 // key exists with create revision rev; with rev 0 (nothing held), one that is
@@ -85,9 +98,9 @@ func ownerCmp(key string, rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
 }
 
-// snapshot returns the hold as a Held of the lock name.
-func (h *hold) snapshot(name string) Held {
-	return Held{Name: name, Key: h.t.Key(), Token: h.token(), Lease: h.t.term.id, h: h}
+// snapshot returns the hold as a Hold of the lock name.
+func (h *hold) snapshot(name string) Hold {
+	return Hold{Name: name, Key: h.t.Key(), Token: h.token(), Lease: h.t.term.id, h: h}
 }
 
 // token returns the hold's fencing token.
@@ -328,7 +341,7 @@ func (h *hold) reportEnd() {
 	t := h.t
 	if t.s.events != nil {
 		now := time.Now()
-		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: t.Rev(), Held: now.Sub(h.since)})
+		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: t.Rev(), HeldFor: now.Sub(h.since)})
 	}
 }
 

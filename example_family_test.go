@@ -78,7 +78,7 @@ func ExampleMutex_Do() {
 	m := etcdlock.NewMutex(s, "migrations")
 	err := m.Do(context.Background(), func(ctx context.Context) error {
 		// ctx is cancelled if the lock is lost, or about to be: stop then.
-		h, _ := etcdlock.HeldFrom(ctx)
+		h, _ := etcdlock.HoldFrom(ctx)
 		fmt.Println("migrating; fencing token > 0:", h.Token > 0)
 
 		// Goroutines started here with ctx share the hold: no deadlock.
@@ -104,7 +104,7 @@ func ExampleLead() {
 		fmt.Println("leading")
 		// Publish the leader's address with the hold's lease, fenced: the
 		// key goes with the leader, and a deposed one cannot write it.
-		h, _ := etcdlock.HeldFrom(ctx)
+		h, _ := etcdlock.HoldFrom(ctx)
 		resp, err := client.Txn(ctx).If(h.IsOwner()).
 			Then(clientv3.OpPut("cron/leader-addr", "10.0.0.1:8080", clientv3.WithLease(h.Lease))).Commit()
 		if err != nil {

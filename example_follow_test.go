@@ -65,7 +65,7 @@ func ExampleLeaderOf() {
 	// 503
 }
 
-func ExampleObserveLeader() {
+func ExampleFollowLeader() {
 	srv, client := startExampleServer()
 	defer srv.Close()
 	ctx := context.Background()
@@ -74,7 +74,7 @@ func ExampleObserveLeader() {
 	// leader.
 	following, stopFollowing := context.WithCancel(ctx)
 	defer stopFollowing()
-	leaders := etcdlock.ObserveLeader(following, client, "web/leader")
+	leaders := etcdlock.FollowLeader(following, client, "web/leader")
 	if l := <-leaders; l.Key == "" {
 		fmt.Println("nobody leads")
 	}
@@ -88,7 +88,7 @@ func ExampleObserveLeader() {
 	secondDone := replica(second, client, "http://10.0.0.2:8080", nil)
 	// Observe shows the whole queue: wait until the second replica waits.
 	queue, stopQueue := context.WithCancel(ctx)
-	for q := range etcdlock.Observe(queue, client, "web/leader") {
+	for q := range etcdlock.Follow(queue, client, "web/leader") {
 		if len(q) == 2 {
 			fmt.Println("waiting:", q[1].Identity)
 			break

@@ -39,6 +39,10 @@ func ticketAt(m *Mutex, rev int64) *ticket {
 	return t
 }
 
-// FollowReread is how often Observe reads the queue again: the most a lost
+// FollowReread is how often Follow reads the queue again: the most a lost
 // watch event delays a change.
 const FollowReread = followReread
+
+// InspectAt is Inspect with the revision of its read, which Follow watches
+// from.
+var InspectAt = inspectAt

@@ -21,7 +21,7 @@ const (
 	followReadTimeout = 2 * time.Second
 )
 
-// Observe sends the queue of the lock called name, as Inspect reads and
+// Follow sends the queue of the lock called name, as Inspect reads and
 // orders it, now and after every change, until ctx ends; then it closes the
 // channel. Any kind of key Inspect reads is seen: Mutex, Lead, RWMutex,
 // Semaphore, concurrency.Mutex and Election, etcdctl lock, etcd's recipe
@@ -37,7 +37,7 @@ const (
 // sent is a new slice, the receiver's to keep.
 //
 // Faults cost time, never a wrong queue: when the watch fails, is cancelled
-// or its history was compacted, Observe reads again and watches from that
+// or its history was compacted, Follow reads again and watches from that
 // read; while etcd is unreachable, or a new watch is cancelled again, it
 // retries, 50 ms doubling to 1 s apart, each read bounded by 2 s; and it reads the queue again every 5 s, so that
 // a change whose watch event etcd lost (etcd #17529, #18089, #19179, #20221)
@@ -45,11 +45,11 @@ const (
 // A watch on a member that has lost its raft leader is cancelled, and read
 // again elsewhere.
 //
-// Observe writes nothing to etcd; it costs one watch and a read every 5 s.
+// Follow writes nothing to etcd; it costs one watch and a read every 5 s.
 // Its goroutine ends, and the channel is closed, when ctx ends or the client
 // is closed. Given a nil context, a nil client or the empty name, it returns
 // a closed channel and sends nothing: Inspect says what is wrong.
-func Observe(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
+func Follow(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
 	return follow(ctx, client, name, slices.Clone, slices.Equal)
 }
 
@@ -76,17 +76,17 @@ func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueE
 	return QueueEntry{}, errorf("leader", name, ErrNoLeader)
 }
 
-// ObserveLeader sends the leader of name, as LeaderOf finds it, now and
+// FollowLeader sends the leader of name, as LeaderOf finds it, now and
 // each time it changes, until ctx ends; then it closes the channel. The
 // zero QueueEntry (Key "") says that nobody leads. A new term of the same
 // process is a change (a new key, with a new token).
 //
 // It is how every candidate of Lead, and every follower, learns who leads
 // (client-go's OnNewLeader, etcd's Election.Observe): run it beside Lead,
-// with the same client and name. It is Observe, with its guarantees: it
+// with the same client and name. It is Follow, with its guarantees: it
 // writes nothing, never goes back to an older leader, sends a leader once,
 // and a busy receiver gets the newest leader when it next receives.
-func ObserveLeader(ctx context.Context, client *clientv3.Client, name string) <-chan QueueEntry {
+func FollowLeader(ctx context.Context, client *clientv3.Client, name string) <-chan QueueEntry {
 	return follow(ctx, client, name, leaderIn, func(a, b []QueueEntry) bool { return leaderIn(a) == leaderIn(b) })
 }
 

@@ -73,11 +73,11 @@ func (w *laggingWatch) SendMsg(m any) error {
 	return w.ClientStream.SendMsg(m)
 }
 
-// TestObserveLaggingWatch: ObserveLeader's watch is served by a member that
+// TestFollowLaggingWatch: FollowLeader's watch is served by a member that
 // lags: it replays, one event at a time, an earlier leader's put and delete. The follower must
 // never report that earlier leader, nor nobody, while the current one leads;
 // and it still sees the next change.
-func TestObserveLaggingWatch(t *testing.T) {
+func TestFollowLaggingWatch(t *testing.T) {
 	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	ctx := testContext(t)
@@ -97,7 +97,7 @@ func TestObserveLaggingWatch(t *testing.T) {
 
 	var rewritten atomic.Int64
 	lagging := interceptedClient(t, srv.Endpoints(), nil, lagWatches(&rewritten))
-	s := observeLeader(t, lagging, name)
+	s := followLeader(t, lagging, name)
 	s.wait(t, "the current leader", 0, func(e etcdlock.QueueEntry) bool { return e.Key == current.Key() })
 	time.Sleep(500 * time.Millisecond) // the replayed history arrives meanwhile
 	if rewritten.Load() == 0 {

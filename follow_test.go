@@ -30,7 +30,7 @@ type sighting[T any] struct {
 	at time.Time
 }
 
-// sightings records what an Observe or ObserveLeader channel sends, until
+// sightings records what an Follow or FollowLeader channel sends, until
 // it closes.
 type sightings[T any] struct {
 	mu   sync.Mutex
@@ -92,16 +92,16 @@ func (s *sightings[T]) closes(t *testing.T, what string, at time.Time, bound tim
 	}
 }
 
-// observeQueue runs Observe of name on client until the test ends, and
+// followQueue runs Follow of name on client until the test ends, and
 // records what it sends.
-func observeQueue(t *testing.T, client *clientv3.Client, name string) *sightings[[]etcdlock.QueueEntry] {
-	return following(t, "Observe", func(ctx context.Context) <-chan []etcdlock.QueueEntry { return etcdlock.Observe(ctx, client, name) })
+func followQueue(t *testing.T, client *clientv3.Client, name string) *sightings[[]etcdlock.QueueEntry] {
+	return following(t, "Follow", func(ctx context.Context) <-chan []etcdlock.QueueEntry { return etcdlock.Follow(ctx, client, name) })
 }
 
-// observeLeader runs ObserveLeader of name on client until the test ends,
+// followLeader runs FollowLeader of name on client until the test ends,
 // and records what it sends.
-func observeLeader(t *testing.T, client *clientv3.Client, name string) *sightings[etcdlock.QueueEntry] {
-	return following(t, "ObserveLeader", func(ctx context.Context) <-chan etcdlock.QueueEntry { return etcdlock.ObserveLeader(ctx, client, name) })
+func followLeader(t *testing.T, client *clientv3.Client, name string) *sightings[etcdlock.QueueEntry] {
+	return following(t, "FollowLeader", func(ctx context.Context) <-chan etcdlock.QueueEntry { return etcdlock.FollowLeader(ctx, client, name) })
 }
 
 // following runs follow until the test ends, records what it sends, and
@@ -140,11 +140,11 @@ func sameAsInspect(t *testing.T, ctx context.Context, client *clientv3.Client, n
 	}
 }
 
-// TestObserve: the queue now and after every change, as Inspect reads it,
+// TestFollow: the queue now and after every change, as Inspect reads it,
 // for every kind of lock; nothing sent when a change leaves the queue as it
 // was (a nested lock's key, a Semaphore's wake-up); a queue sent is the
 // receiver's to change; no write; bad input gives a closed channel.
-func TestObserve(t *testing.T) {
+func TestFollow(t *testing.T) {
 	testflags.ParallelShort(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
@@ -162,10 +162,10 @@ func TestObserve(t *testing.T) {
 			{"a nil client", ctx, nil, lockName(t)},
 			{"the empty name", ctx, client, ""},
 		} {
-			q := record(etcdlock.Observe(tc.ctx, tc.client, tc.name))
-			l := record(etcdlock.ObserveLeader(tc.ctx, tc.client, tc.name))
-			q.closes(t, "Observe with "+tc.what, time.Now(), time.Second)
-			l.closes(t, "ObserveLeader with "+tc.what, time.Now(), time.Second)
+			q := record(etcdlock.Follow(tc.ctx, tc.client, tc.name))
+			l := record(etcdlock.FollowLeader(tc.ctx, tc.client, tc.name))
+			q.closes(t, "Follow with "+tc.what, time.Now(), time.Second)
+			l.closes(t, "FollowLeader with "+tc.what, time.Now(), time.Second)
 			if q.len() != 0 || l.len() != 0 {
 				t.Errorf("with %s: got %v and %v sent, want nothing", tc.what, q.all(), l.all())
 			}
@@ -175,13 +175,13 @@ func TestObserve(t *testing.T) {
 	t.Run("Mutex", func(t *testing.T) {
 		name := lockName(t)
 		before := revision(t, client)
-		q := observeQueue(t, client, name)
+		q := followQueue(t, client, name)
 		_, first := q.wait(t, "the first queue", 0, func([]etcdlock.QueueEntry) bool { return true })
 		if first.v == nil || len(first.v) != 0 {
 			t.Errorf("first queue of a free lock: got %#v, want an empty slice", first.v)
 		}
 		if after := revision(t, client); after != before {
-			t.Errorf("revision after Observe's read and watch: got %d, want %d (no write)", after, before)
+			t.Errorf("revision after Follow's read and watch: got %d, want %d (no write)", after, before)
 		}
 
 		a := etcdlock.NewMutex(as("a"), name)
@@ -216,7 +216,7 @@ func TestObserve(t *testing.T) {
 
 	t.Run("RWMutex and Semaphore", func(t *testing.T) {
 		name := lockName(t)
-		q := observeQueue(t, client, name)
+		q := followQueue(t, client, name)
 		q.wait(t, "the first queue", 0, queueIs(""))
 
 		r := etcdlock.NewRWMutex(as("reader"), name)
@@ -352,14 +352,14 @@ func TestLeaderOf(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	leading := make(chan etcdlock.Held, 1)
+	leading := make(chan etcdlock.Hold, 1)
 	c := campaign(ctx, client, name, func(fctx context.Context) error {
-		h, _ := etcdlock.HeldFrom(fctx)
+		h, _ := etcdlock.HoldFrom(fctx)
 		leading <- h
 		<-fctx.Done()
 		return nil
 	}, etcdlock.WithIdentity("replica-1"))
-	var h etcdlock.Held
+	var h etcdlock.Hold
 	select {
 	case h = <-leading:
 	case <-time.After(testTimeout):
@@ -392,12 +392,12 @@ func TestLeaderOf(t *testing.T) {
 	}
 }
 
-// TestObserveLeaderFailover: a follower sees every leader of a failover
+// TestFollowLeaderFailover: a follower sees every leader of a failover
 // sequence, in order, within 1 s of each change (TTL 2 s): a leader whose
 // key an operator deletes, a leader cut off from etcd (its key expires with
-// its lease), a leader that stops. Observe, beside it, shows the same
+// its lease), a leader that stops. Follow, beside it, shows the same
 // holders.
-func TestObserveLeaderFailover(t *testing.T) {
+func TestFollowLeaderFailover(t *testing.T) {
 	testflags.ParallelShort(t)
 	srv := etcdtest.Start(t)
 	client := srv.Client(t)
@@ -405,8 +405,8 @@ func TestObserveLeaderFailover(t *testing.T) {
 	name := lockName(t)
 	const ttl = 2 * time.Second
 
-	leaders := observeLeader(t, client, name)
-	queues := observeQueue(t, client, name)
+	leaders := followLeader(t, client, name)
+	queues := followQueue(t, client, name)
 	// Nobody leads yet.
 	_, s := leaders.wait(t, "the first leader", 0, func(etcdlock.QueueEntry) bool { return true })
 	if s.v != (etcdlock.QueueEntry{}) {
@@ -500,7 +500,7 @@ func TestObserveLeaderFailover(t *testing.T) {
 			}
 		}
 	}
-	// Observe's holders are the same leaders.
+	// Follow's holders are the same leaders.
 	var holders []int64
 	for _, s := range queues.all() {
 		if l := leaderOf(s.v); l != 0 && (len(holders) == 0 || holders[len(holders)-1] != l) {
@@ -508,7 +508,7 @@ func TestObserveLeaderFailover(t *testing.T) {
 		}
 	}
 	if !slices.Equal(holders, want) {
-		t.Errorf("holders Observe saw, by token: got %v, want %v", holders, want)
+		t.Errorf("holders Follow saw, by token: got %v, want %v", holders, want)
 	}
 	noRepeats(t, queues)
 }
@@ -550,18 +550,18 @@ func handOver(t *testing.T, ctx context.Context, client *clientv3.Client, name s
 	return w, released
 }
 
-// TestObserveCompaction: an observer cut off while the lock changes and
+// TestFollowCompaction: an observer cut off while the lock changes and
 // its history is compacted reconnects to a watch it cannot resume, reads
 // again and watches from there: it sends the queue as it is, then each
 // later change within 1 s, sooner than its periodic re-read.
-func TestObserveCompaction(t *testing.T) {
+func TestFollowCompaction(t *testing.T) {
 	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()
 	ctx := testContext(t)
 	name := lockName(t)
-	q := observeQueue(t, pc, name)
+	q := followQueue(t, pc, name)
 	a := holdAs(t, ctx, client, name, "a")
 	q.wait(t, "a holds", 0, queueIs("mutex:a:holds"))
 
@@ -587,18 +587,18 @@ func TestObserveCompaction(t *testing.T) {
 	noRepeats(t, q)
 }
 
-// TestObserveMemberStopped: each member of a 3-member cluster in turn is
+// TestFollowMemberStopped: each member of a 3-member cluster in turn is
 // stopped under a running observer, which uses them all (one of them serves
 // its watch); each change made while the member is down is sent within the
 // bound.
-func TestObserveMemberStopped(t *testing.T) {
+func TestFollowMemberStopped(t *testing.T) {
 	testflags.ParallelShort(t)
 	cluster := etcdtest.StartCluster(t, 3)
 	client := cluster.Client(t)
 	observer := cluster.Client(t)
 	ctx := testContext(t)
 	name := lockName(t)
-	q := observeQueue(t, observer, name)
+	q := followQueue(t, observer, name)
 	holder := holdAs(t, ctx, client, name, "m")
 	q.wait(t, "m holds", 0, queueIs("mutex:m:holds"))
 	for i := range cluster.Members() {
@@ -615,16 +615,16 @@ func TestObserveMemberStopped(t *testing.T) {
 	noRepeats(t, q)
 }
 
-// TestObserveLostEvent: a watch event that etcd loses (etcd #17529 and
+// TestFollowLostEvent: a watch event that etcd loses (etcd #17529 and
 // others) delays the change by at most the re-read interval.
-func TestObserveLostEvent(t *testing.T) {
+func TestFollowLostEvent(t *testing.T) {
 	testflags.ParallelShort(t)
 	srv, client := startServer(t)
 	var d eventDropper
 	wc := interceptedClient(t, srv.Endpoints(), nil, d.intercept)
 	ctx := testContext(t)
 	name := lockName(t)
-	q := observeQueue(t, wc, name)
+	q := followQueue(t, wc, name)
 	m := etcdlock.NewMutex(newSession(t, client, etcdlock.WithIdentity("a")), name)
 	if err := m.LockContext(ctx); err != nil {
 		t.Fatal(err)
@@ -642,44 +642,44 @@ func TestObserveLostEvent(t *testing.T) {
 	}
 }
 
-// TestObserveEnds: when ctx ends, the channel closes at once, whether the
+// TestFollowEnds: when ctx ends, the channel closes at once, whether the
 // observer waits on its watch, on a receiver, or on etcd unreachable; no
 // goroutine of it is left. Nothing is sent while etcd is unreachable, and
 // the queue once it is back.
-func TestObserveEnds(t *testing.T) {
+func TestFollowEnds(t *testing.T) {
 	testflags.ParallelShort(t)
-	labelGoroutines(t) // followers counts the Observe goroutines of this test
+	labelGoroutines(t) // followers counts the Follow goroutines of this test
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()
 	name := lockName(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	q := record(etcdlock.Observe(ctx, client, name))
+	q := record(etcdlock.Follow(ctx, client, name))
 	q.wait(t, "the first queue", 0, queueIs(""))
 	if n := followers(t); n < 1 {
-		t.Errorf("goroutines of Observe while it runs: got %d, want some (else the counts below prove nothing)", n)
+		t.Errorf("goroutines of Follow while it runs: got %d, want some (else the counts below prove nothing)", n)
 	}
 	at := time.Now()
 	cancel()
-	q.closes(t, "Observe watching", at, time.Second)
+	q.closes(t, "Follow watching", at, time.Second)
 
 	// Never received: the queue waits to be sent.
 	ctx, cancel = context.WithCancel(context.Background())
-	ch := etcdlock.ObserveLeader(ctx, client, name)
+	ch := etcdlock.FollowLeader(ctx, client, name)
 	time.Sleep(100 * time.Millisecond)
 	at = time.Now()
 	cancel()
 	l := record(ch)
-	l.closes(t, "ObserveLeader not received from", at, time.Second)
+	l.closes(t, "FollowLeader not received from", at, time.Second)
 	if n := followers(t); n != 0 {
-		t.Errorf("goroutines of Observe after its ctx ended: got %d, want 0", n)
+		t.Errorf("goroutines of Follow after its ctx ended: got %d, want 0", n)
 	}
 
 	// etcd unreachable: reads time out, and the watch cannot open.
 	proxy.Blackhole()
 	ctx, cancel = context.WithCancel(context.Background())
-	q = record(etcdlock.Observe(ctx, pc, name))
+	q = record(etcdlock.Follow(ctx, pc, name))
 	time.Sleep(3 * time.Second) // a read timed out, and another is under way
 	if n := q.len(); n != 0 {
 		t.Errorf("queues sent while etcd was unreachable: got %d, want none", n)
@@ -690,17 +690,17 @@ func TestObserveEnds(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	at = time.Now()
 	cancel()
-	q.closes(t, "Observe with etcd unreachable", at, time.Second)
+	q.closes(t, "Follow with etcd unreachable", at, time.Second)
 	proxy.Unblackhole()
 	// clientv3 keeps a watch stream it could not open until the client
-	// closes (goleak, in TestMain, sees them all gone): only Observe's own
+	// closes (goleak, in TestMain, sees them all gone): only Follow's own
 	// goroutines are counted.
 	if n := followers(t); n != 0 {
-		t.Errorf("goroutines of Observe after its ctx ended: got %d, want 0", n)
+		t.Errorf("goroutines of Follow after its ctx ended: got %d, want 0", n)
 	}
 }
 
-// followers returns how many goroutines run Observe's code among those
+// followers returns how many goroutines run Follow's code among those
 // labelled by followerLabels: the test's own, so that tests running in
 // parallel do not count each other's.
 func followers(t *testing.T) int {
@@ -727,7 +727,7 @@ func followers(t *testing.T) int {
 }
 
 // followerLabel is the profiler label that marks the goroutines a test
-// starts (Observe's among them), with the test's name: see followers.
+// starts (Follow's among them), with the test's name: see followers.
 const followerLabel = "etcdlock-test"
 
 // labelGoroutines labels the test's goroutine, and so those it starts, with

@@ -16,7 +16,7 @@ import (
 
 // checkHeld checks a snapshot against etcd: its key is there with its token
 // as create revision and its lease, its IsOwner guard holds, Done is open.
-func checkHeld(t *testing.T, client *clientv3.Client, who string, h etcdlock.Held, name string) {
+func checkHeld(t *testing.T, client *clientv3.Client, who string, h etcdlock.Hold, name string) {
 	t.Helper()
 	ctx := testContext(t)
 	resp, err := client.Get(ctx, h.Key)
@@ -40,7 +40,7 @@ func checkHeld(t *testing.T, client *clientv3.Client, who string, h etcdlock.Hel
 }
 
 // checkEnded checks that a snapshot of an ended hold says so.
-func checkEnded(t *testing.T, client *clientv3.Client, who string, h etcdlock.Held) {
+func checkEnded(t *testing.T, client *clientv3.Client, who string, h etcdlock.Hold) {
 	t.Helper()
 	if r, err := client.Txn(testContext(t)).If(h.IsOwner()).Commit(); err != nil || r.Succeeded {
 		t.Errorf("%s: Held.IsOwner() guard holds after the hold ended (err %v)", who, err)
@@ -60,8 +60,8 @@ func TestMutexHeld(t *testing.T) {
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, name)
 
-	if h, ok := m.Held(); ok || h != (etcdlock.Held{}) {
-		t.Errorf("Held before any lock = %+v, %v; want the zero Held, false", h, ok)
+	if h, ok := m.Held(); ok || h != (etcdlock.Hold{}) {
+		t.Errorf("Held before any lock = %+v, %v; want the zero Hold, false", h, ok)
 	}
 	if err := m.LockContext(ctx); err != nil {
 		t.Fatal(err)
@@ -103,10 +103,10 @@ func TestMutexHeld(t *testing.T) {
 
 	// Do's f gets the same snapshot through its context.
 	err := m.Do(ctx, func(fctx context.Context) error {
-		fromCtx, ok := etcdlock.HeldFrom(fctx)
+		fromCtx, ok := etcdlock.HoldFrom(fctx)
 		mine, ok2 := m.Held()
 		if !ok || !ok2 || fromCtx.Token != mine.Token || fromCtx.Key != mine.Key {
-			t.Errorf("in Do: HeldFrom %+v (%v), Held %+v (%v): want the same hold", fromCtx, ok, mine, ok2)
+			t.Errorf("in Do: HoldFrom %+v (%v), Held %+v (%v): want the same hold", fromCtx, ok, mine, ok2)
 		}
 		checkHeld(t, client, "Do's hold", fromCtx, name)
 		return nil
@@ -125,7 +125,7 @@ func TestRWMutexHeld(t *testing.T) {
 	rw := etcdlock.NewRWMutex(s, name)
 
 	type snap struct {
-		h  etcdlock.Held
+		h  etcdlock.Hold
 		ok bool
 	}
 	// Two readers, each with its own snapshot; A unlocks, B's stays whole.
@@ -179,6 +179,44 @@ func TestRWMutexHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkEnded(t, client, "the writer after its unlock", w)
+}
+
+// TestMultiMutexHeld: a MultiMutex's snapshot names every key, all in etcd at
+// its one token; its guard fails once the hold ended.
+func TestMultiMutexHeld(t *testing.T) {
+	testflags.ParallelShort(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	a, b := lockName(t)+"/a", lockName(t)+"/b"
+	s := newSession(t, client)
+	m := etcdlock.NewMultiMutex(s, b, a)
+	if h, ok := m.Held(); ok || h.Token != 0 || !isClosed(h.Done()) {
+		t.Fatalf("Held before any lock: %+v, %v; want the zero Hold, false", h, ok)
+	}
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h, ok := m.Held()
+	if !ok {
+		t.Fatal("Held while held: false")
+	}
+	if want := []string{keyOf(a, s.Lease()), keyOf(b, s.Lease())}; fmt.Sprint(h.Keys()) != fmt.Sprint(want) || h.Key != want[0] || h.Name != a+","+b {
+		t.Errorf("Held: name %q, key %q, keys %v; want %q, %q, %v", h.Name, h.Key, h.Keys(), a+","+b, want[0], want)
+	}
+	if h.Token != m.Token() {
+		t.Errorf("Held.Token %d, Token() %d", h.Token, m.Token())
+	}
+	checkHeld(t, client, "the MultiMutex", h, a+","+b)
+	for _, key := range h.Keys() {
+		guard := clientv3.Compare(clientv3.CreateRevision(key), "=", h.Token)
+		if r, err := client.Txn(ctx).If(guard).Commit(); err != nil || !r.Succeeded {
+			t.Errorf("key %s at the token %d: not in etcd (%v)", key, h.Token, err)
+		}
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkEnded(t, client, "the MultiMutex after its unlock", h)
 }
 
 // One snapshot of the hold: name, key, token, lease and loss signal, read at

@@ -33,14 +33,14 @@ type QueueEntry struct {
 // they are two locks: both queues are listed, holders first. Keys of locks
 // nested under the name ("name/sub") are not listed.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
-	entries, _, err := InspectAt(ctx, client, name)
+	entries, _, err := inspectAt(ctx, client, name)
 	return entries, err
 }
 
-// InspectAt is Inspect, and also returns the revision etcd read the queue
+// inspectAt is Inspect, and also returns the revision etcd read the queue
 // at: a watch of the prefix name+"/" from rev+1 misses no change that came
 // after the read. It returns the errors Inspect does, with rev 0.
-func InspectAt(ctx context.Context, client *clientv3.Client, name string) (entries []QueueEntry, rev int64, err error) {
+func inspectAt(ctx context.Context, client *clientv3.Client, name string) (entries []QueueEntry, rev int64, err error) {
 	switch {
 	case ctx == nil:
 		return nil, 0, fmt.Errorf("%w: nil context", ErrInvalidArgument)

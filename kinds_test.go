@@ -86,7 +86,7 @@ type leadPrimitive struct {
 // channel that ends it.
 type leadTerm struct {
 	ctx context.Context
-	h   etcdlock.Held
+	h   etcdlock.Hold
 	end chan struct{}
 }
 
@@ -99,7 +99,7 @@ func (p leadPrimitive) acquire(ctx context.Context) (grant, error) {
 	led := make(chan error, 1)
 	go func() {
 		led <- etcdlock.Lead(lctx, p.client, p.name, func(fctx context.Context) error {
-			h, _ := etcdlock.HeldFrom(fctx)
+			h, _ := etcdlock.HoldFrom(fctx)
 			tm := leadTerm{ctx: fctx, h: h, end: make(chan struct{})}
 			terms <- tm
 			select {

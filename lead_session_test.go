@@ -18,14 +18,14 @@ import (
 // terms records the holds of Lead's terms, one per run of f.
 type terms struct {
 	mu    sync.Mutex
-	held  []etcdlock.Held
+	held  []etcdlock.Hold
 	start chan struct{}
 }
 
 func newTerms() *terms { return &terms{start: make(chan struct{}, 16)} }
 
 func (tr *terms) f(ctx context.Context) error {
-	h, _ := etcdlock.HeldFrom(ctx)
+	h, _ := etcdlock.HoldFrom(ctx)
 	tr.mu.Lock()
 	tr.held = append(tr.held, h)
 	tr.mu.Unlock()
@@ -34,13 +34,13 @@ func (tr *terms) f(ctx context.Context) error {
 	return nil
 }
 
-func (tr *terms) last() etcdlock.Held {
+func (tr *terms) last() etcdlock.Hold {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	return tr.held[len(tr.held)-1]
 }
 
-func (tr *terms) wait(t *testing.T, ctx context.Context, what string) etcdlock.Held {
+func (tr *terms) wait(t *testing.T, ctx context.Context, what string) etcdlock.Hold {
 	t.Helper()
 	select {
 	case <-tr.start:

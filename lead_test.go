@@ -49,9 +49,9 @@ func newLeaderLog(t *testing.T) *leaderLog {
 // context ends.
 func (l *leaderLog) f(who string) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
-		h, ok := etcdlock.HeldFrom(ctx)
+		h, ok := etcdlock.HoldFrom(ctx)
 		if !ok || h.Token <= 0 || h.Lease == 0 || h.Key != keyOf(h.Name, h.Lease) {
-			l.t.Errorf("%s: HeldFrom(f's context): got %+v, %v, want a token and the lease of the key", who, h, ok)
+			l.t.Errorf("%s: HoldFrom(f's context): got %+v, %v, want a token and the lease of the key", who, h, ok)
 		}
 		l.mu.Lock()
 		for other := range l.running {
@@ -191,7 +191,7 @@ func TestLead(t *testing.T) {
 	terms := make(chan int64, 3)
 	lctx, cancel := context.WithCancel(ctx)
 	err := etcdlock.Lead(lctx, client, name, func(fctx context.Context) error {
-		h, _ := etcdlock.HeldFrom(fctx)
+		h, _ := etcdlock.HoldFrom(fctx)
 		terms <- h.Token
 		if len(terms) == cap(terms) {
 			cancel()
@@ -319,7 +319,7 @@ func TestLeadPanicClosesSession(t *testing.T) {
 	var lease clientv3.LeaseID
 	r := catchPanic(func() {
 		_ = etcdlock.Lead(ctx, client, name, func(fctx context.Context) error {
-			h, _ := etcdlock.HeldFrom(fctx)
+			h, _ := etcdlock.HoldFrom(fctx)
 			lease = h.Lease
 			panic("f's panic")
 		})

@@ -300,7 +300,7 @@ type scopeActor struct {
 	cancel  context.CancelFunc
 
 	mu   sync.Mutex
-	held etcdlock.Held
+	held etcdlock.Hold
 	fctx context.Context
 }
 
@@ -309,7 +309,7 @@ func newScopeActor() *scopeActor {
 }
 
 func (a *scopeActor) f(ctx context.Context) error {
-	h, _ := etcdlock.HeldFrom(ctx)
+	h, _ := etcdlock.HoldFrom(ctx)
 	a.mu.Lock()
 	if a.fctx == nil {
 		// The hold under test is the first: Lead may lead again, on a new

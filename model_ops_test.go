@@ -256,9 +256,9 @@ func (a *goroutine) mutexDo(r *rand.Rand) {
 	ran := false
 	err := m.Do(ctx, func(fctx context.Context) error {
 		ran = true
-		h, ok := etcdlock.HeldFrom(fctx)
+		h, ok := etcdlock.HoldFrom(fctx)
 		if !ok {
-			a.w.t.Errorf("g%d: Do's f: HeldFrom says nothing is held", a.i)
+			a.w.t.Errorf("g%d: Do's f: HoldFrom says nothing is held", a.i)
 			return nil
 		}
 		hold := modelHold{n: 1, keys: []string{h.Key}, token: h.Token, done: h.Done()}

@@ -234,12 +234,23 @@ func (m *MultiMutex) UnlockContext(ctx context.Context) error {
 	})
 }
 
-// Token returns the fencing token of the calling goroutine's hold: the
-// create revision that every key of the hold shares, the token each name's
-// Mutex would report; 0 when the goroutine does not hold. It strictly
-// increases from one holder of a name to the next, across processes.
-func (m *MultiMutex) Token() int64 {
+// Held returns the calling goroutine's hold, as one snapshot: Name is the
+// names joined by commas, Keys gives a key per name, all at the one Token.
+// It returns false when the goroutine holds nothing.
+func (m *MultiMutex) Held() (Hold, bool) {
 	if h := m.current(true); h != nil {
+		return h.snapshot(m.label()), true
+	}
+	return Hold{}, false
+}
+
+// Token returns the fencing token of this process's current hold, whichever
+// goroutine asks (as a Mutex's): the create revision that every key of the
+// hold shares, the token each name's Mutex would report; 0 when nothing is
+// held. It strictly increases from one holder of a name to the next, across
+// processes.
+func (m *MultiMutex) Token() int64 {
+	if h := m.current(false); h != nil {
 		return h.token()
 	}
 	return 0

@@ -486,8 +486,13 @@ func TestMultiWaiterRequeued(t *testing.T) {
 		t.Fatalf("LockContext: got %v, want nil", err)
 	}
 	revs := createRevisions(t, client, keyOf(names[0], s.Lease()), keyOf(names[1], s.Lease()))
-	if m.Token() != 0 {
-		t.Errorf("Token in another goroutine: got %d, want 0", m.Token())
+	// The hold is the process's, as a Mutex's: another goroutine sees its
+	// token too, but holds nothing itself.
+	if m.Token() != revs[0] {
+		t.Errorf("Token in another goroutine: got %d, want the hold's %d", m.Token(), revs[0])
+	}
+	if h, ok := m.Held(); ok {
+		t.Errorf("Held in another goroutine: got %+v, want none", h)
 	}
 	if revs[0] != revs[1] || revs[0] <= before {
 		t.Errorf("create revisions: got %v, want one revision after %d", revs, before)

@@ -218,14 +218,14 @@ func (m *Mutex) HoldCount() int {
 // token, lease, loss signal), read at one moment, so that it cannot
 // straddle a hand-off as four calls to Key, Token, IsOwner and Done can; and
 // false when the goroutine holds nothing. A goroutine that holds through a
-// Do scope gets its hold from HeldFrom(ctx).
-func (m *Mutex) Held() (Held, bool) {
+// Do scope gets its hold from HoldFrom(ctx).
+func (m *Mutex) Held() (Hold, bool) {
 	if st := m.lookup(); st != nil {
 		if h := st.mine(); h != nil {
 			return h.snapshot(m.name), true
 		}
 	}
-	return Held{}, false
+	return Hold{}, false
 }
 
 // Key returns this process's etcd key for the lock while the process holds

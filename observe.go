@@ -95,7 +95,7 @@ type Event struct {
 	Outcome   Outcome       // AcquireEnded
 	Contended bool          // AcquireEnded: it had to wait for another holder
 	Wait      time.Duration // AcquireEnded: from the call to its end
-	Held      time.Duration // HoldEnded: from the acquisition to the release
+	HeldFor      time.Duration // HoldEnded: from the acquisition to the release
 	Reason    LossReason    // HoldLost
 	Err       error         // AcquireEnded with OutcomeError, Released, KeptAlive
 	// FencedMiss: Released found the key already gone (ErrLockLost or
@@ -317,7 +317,7 @@ func (o logObserver) Observe(e Event) {
 		}
 		o.l.LogAttrs(ctx, level, "etcdlock: acquire ended", attrs...)
 	case HoldEnded:
-		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: hold ended", append(attrs, slog.Duration("held", e.Held))...)
+		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: hold ended", append(attrs, slog.Duration("held", e.HeldFor))...)
 	case HoldLost:
 		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: hold lost", append(attrs, slog.String("reason", string(e.Reason)))...)
 	case Released:

@@ -88,7 +88,7 @@ func TestObserverEvents(t *testing.T) {
 			t.Errorf("AcquireStarted events: got %d, want 1", n)
 		}
 		h := log.wait(t, "hold ended", func(e etcdlock.Event) bool { return e.Kind == etcdlock.HoldEnded && e.Lock == name })
-		if h.Held < 10*time.Millisecond || h.Token != token {
+		if h.HeldFor < 10*time.Millisecond || h.Token != token {
 			t.Errorf("HoldEnded: got %+v, want Held ≥ 10ms, token %d", h, token)
 		}
 		r := log.wait(t, "released", func(e etcdlock.Event) bool { return e.Kind == etcdlock.Released && e.Lock == name })

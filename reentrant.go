@@ -378,7 +378,7 @@ func (st *lockState) holdCount() int {
 }
 
 // mine returns the calling goroutine's hold, nil if it holds none (a
-// goroutine that holds through a Do scope asks HeldFrom).
+// goroutine that holds through a Do scope asks HoldFrom).
 func (st *lockState) mine() *hold {
 	gid := goid.Get()
 	st.mu.Lock()

@@ -234,11 +234,11 @@ func (rw *RWMutex) Key() string {
 // Held returns the calling goroutine's hold (its write hold, else its read
 // hold) as one snapshot, read at one moment, and false when it holds
 // nothing.
-func (rw *RWMutex) Held() (Held, bool) {
+func (rw *RWMutex) Held() (Hold, bool) {
 	if r := rw.mine(); r != nil {
 		return r.h.snapshot(rw.name), true
 	}
-	return Held{}, false
+	return Hold{}, false
 }
 
 // Token returns the fencing token of the calling goroutine's hold (its

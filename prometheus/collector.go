@@ -209,7 +209,7 @@ func (c *Collector) Observe(e etcdlock.Event) {
 			c.held(e)
 		}
 	case etcdlock.HoldEnded:
-		c.hold.WithLabelValues(c.values(e)...).Observe(e.Held.Seconds())
+		c.hold.WithLabelValues(c.values(e)...).Observe(e.HeldFor.Seconds())
 		c.ended(e)
 	case etcdlock.HoldLost:
 		c.losses.WithLabelValues(c.values(e, string(e.Reason))...).Inc()

@@ -46,7 +46,7 @@ type leadTerm struct {
 // context is cancelled.
 func (l *leadLog) duty(d *demo, who string) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
-		h, _ := etcdlock.HeldFrom(ctx)
+		h, _ := etcdlock.HoldFrom(ctx)
 		l.mu.Lock()
 		for other := range l.running {
 			l.overlaps = append(l.overlaps, fmt.Sprintf("%s's f started while %s's ran", who, other))
@@ -56,7 +56,7 @@ func (l *leadLog) duty(d *demo, who string) func(ctx context.Context) error {
 		i := len(l.terms) - 1
 		l.notify()
 		l.mu.Unlock()
-		d.event(who, h.Token, "leads: f starts (token from HeldFrom)")
+		d.event(who, h.Token, "leads: f starts (token from HoldFrom)")
 
 		<-ctx.Done()
 		l.mu.Lock()
@@ -179,7 +179,7 @@ func (d *demo) failover(ctx context.Context) {
 		tokens[i] = t.token
 	}
 	d.check(len(terms) >= 3 && increasing(tokens) && len(overlaps) == 0,
-		"failover: one leader at a time: tokens from HeldFrom strictly increase over %d terms (%s), no two f ran at once (%d overlaps%s)",
+		"failover: one leader at a time: tokens from HoldFrom strictly increase over %d terms (%s), no two f ran at once (%d overlaps%s)",
 		len(terms), joinInts(tokens), len(overlaps), firstOf(overlaps))
 }
 

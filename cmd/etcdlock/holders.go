@@ -104,12 +104,12 @@ func holdersCommand(args []string, sio stdio) error {
 	return nil
 }
 
-// watchQueue prints the queue of the lock name as etcdlock.Observe sends
+// watchQueue prints the queue of the lock name as etcdlock.Follow sends
 // it, the first one and each change after an empty line, until ctx ends.
 // A TTL that cannot be read within queryTimeout is shown as unknown.
 func watchQueue(ctx context.Context, cli *clientv3.Client, name string, w io.Writer) {
 	first := true
-	for entries := range etcdlock.Observe(ctx, cli, name) {
+	for entries := range etcdlock.Follow(ctx, cli, name) {
 		qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 		q, err := withTTLs(qctx, cli, entries)
 		cancel()
