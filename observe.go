@@ -95,7 +95,7 @@ type Event struct {
 	Outcome   Outcome       // AcquireEnded
 	Contended bool          // AcquireEnded: it had to wait for another holder
 	Wait      time.Duration // AcquireEnded: from the call to its end
-	HeldFor      time.Duration // HoldEnded: from the acquisition to the release
+	HeldFor   time.Duration // HoldEnded: from the acquisition to the release
 	Reason    LossReason    // HoldLost
 	Err       error         // AcquireEnded with OutcomeError, Released, KeptAlive
 	// FencedMiss: Released found the key already gone (ErrLockLost or
