@@ -23,7 +23,7 @@ import (
 )
 
 func TestLockContextCancelledWhileWaiting(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -185,7 +185,7 @@ func startContender(t *testing.T, ctx context.Context, l famLock, seed uint64) (
 // failed, yet whose key etcd had put, was cancelled after etcd applied the
 // Txn (mid-RPC, or while waiting) and had to clean up.
 func TestCancelRandom(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	calls, ctx := 600, testContext(t)
 	if os.Getenv("ETCDLOCK_SOAK") == "1" {
 		calls = 10000
@@ -346,7 +346,7 @@ func TestCancelRandomUpstream(t *testing.T) {
 // An etcd error that comes as a TryLockFor's wait runs out is that error,
 // not "the wait ran out": (false, err), and nothing left behind.
 func TestTryLockForErrorAtWaitEnd(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)

@@ -18,7 +18,7 @@ import (
 )
 
 func TestD11SameTxnNestedKey(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -113,7 +113,7 @@ func TestD11NestedNames(t *testing.T) {
 // ours, upstream's (which is what `etcdctl lock` runs) and etcd's v3lock
 // gRPC service on the same name.
 func TestD11SameNameExcludes(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, local := startServer(t)
 	child := v3lockServer(t)
 

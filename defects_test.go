@@ -24,7 +24,7 @@ import (
 
 // D1: two handles for the same name on one Session are one lock.
 func TestD1SameNameOneSession(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 
 	// scenario locks a in this goroutine, then b in another one with a
@@ -80,7 +80,7 @@ func TestD1SameNameOneSession(t *testing.T) {
 
 // D2: reentrancy. The holder locks twice and unlocks once: it still holds.
 func TestD2Reentrancy(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 
 	// scenario locks holder twice and unlocks it once, then starts other,
@@ -140,7 +140,7 @@ func TestD2Reentrancy(t *testing.T) {
 // primitive of the family, at every point of an acquisition:
 // TestFamilyCancelAfterApply.
 func TestD3CancelAfterApply(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
@@ -212,7 +212,7 @@ func TestD3CancelAfterApply(t *testing.T) {
 
 // D5: a TryLock that finds another holder writes nothing.
 func TestD5TryLockWrites(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 
@@ -261,7 +261,7 @@ func TestD5TryLockWrites(t *testing.T) {
 
 // D6: an unlock is fenced on the create revision of the hold it ends.
 func TestD6FencedUnlock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 
 	// scenario: a locks; its key is deleted by someone else; b, another
@@ -344,7 +344,7 @@ func TestD6FencedUnlock(t *testing.T) {
 // direct or retried in the background, never deletes a newer key of the
 // same name; fenced on the right one, it does.
 func TestD6StaleRelease(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	s := newSession(t, client)

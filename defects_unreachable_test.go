@@ -24,7 +24,7 @@ import (
 // D7: cleanup is bounded while etcd is unreachable, and finishes once it is
 // back.
 func TestD7BoundedCleanup(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	// proxied returns a client through a proxy of its own, with a watch
 	// recorder, so that a test can see when a waiter is waiting.
 	proxied := func(t *testing.T, srv *etcdtest.Server) (*clientv3.Client, *etcdtest.Proxy, *watchRecorder) {

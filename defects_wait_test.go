@@ -138,7 +138,7 @@ func TestD4SyncedWatch(t *testing.T) {
 // D8: a waiter whose own session ends returns ErrSessionExpired promptly,
 // not when the holder leaves.
 func TestD8WaiterSessionRevoked(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	admin := startClient(t, client)
 	var fault txnFault

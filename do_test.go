@@ -56,7 +56,7 @@ func TestDo(t *testing.T) {
 // TestDoWaitsForF: when ctx ends, f's context is cancelled but the lock is
 // held until f returns, however long it takes.
 func TestDoWaitsForF(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	m := etcdlock.NewMutex(newSession(t, client), name)
@@ -109,7 +109,7 @@ func TestDoLoss(t *testing.T) {
 // does a nested Do; other goroutines wait; a context kept after f returned
 // grants nothing.
 func TestDoScope(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

@@ -12,7 +12,7 @@ import (
 )
 
 func TestDoneNotHeld(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -43,7 +43,7 @@ func TestDoneNotHeld(t *testing.T) {
 }
 
 func TestDonePerHold(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -95,7 +95,7 @@ func TestDonePerHold(t *testing.T) {
 // 2 s, and ends that hold only: the Session, its other locks and new holds
 // go on.
 func TestDoneKeyDeleted(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	other := srv.Client(t)
 	ctx := testContext(t)
@@ -149,7 +149,7 @@ func TestDoneKeyDeleted(t *testing.T) {
 }
 
 func TestDoneLeaseRevoked(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	other := srv.Client(t)
 	ctx := testContext(t)
@@ -180,7 +180,7 @@ func TestDoneLeaseRevoked(t *testing.T) {
 // time makes a longer gap; Done may then close, and the test says so
 // without failing.
 func TestDoneStaysOpen(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	for _, ttl := range []time.Duration{2 * time.Second, 3 * time.Second} {
 		t.Run(ttl.String(), func(t *testing.T) {
 			t.Parallel()

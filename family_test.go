@@ -73,7 +73,7 @@ func mustLock(t *testing.T, l famLock) {
 // Txn, at every point of the acquisition (the enqueue, the read after a
 // wait), returns the context's error and leaves no key behind.
 func TestFamilyCancelAfterApply(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var fault txnFault
 	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
@@ -210,7 +210,7 @@ func (l *tokenLocker) Lock(ctx context.Context) error {
 // TestFamilyCancelRandom (D3): calls with deadlines of 0-3 ms, alone and
 // against a holder that comes and goes, never leave a key of theirs behind.
 func TestFamilyCancelRandom(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	forFamily(t, func(t *testing.T, p member) {
 		const iterations = 120 // the second half against a contender
@@ -257,7 +257,7 @@ func TestFamilyCancelRandom(t *testing.T) {
 // at the default TTL, whose keep-alive would learn of it up to 20 s later;
 // it never reports a hold it does not have.
 func TestFamilyWaiterLeaseRevoked(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	admin := startClient(t, client)
 	forFamily(t, func(t *testing.T, p member) {
@@ -299,7 +299,7 @@ func TestFamilyWaiterLeaseRevoked(t *testing.T) {
 // TestFamilyTryWritesNothing (D5): a try that fails because of a holder
 // writes nothing to etcd; one that succeeds puts one key.
 func TestFamilyTryWritesNothing(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)
@@ -332,7 +332,7 @@ func TestFamilyTryWritesNothing(t *testing.T) {
 // else learns it (Done, IsOwner), and its release returns ErrLockLost
 // without deleting anything of a later holder's.
 func TestFamilyFencedRelease(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)
@@ -381,7 +381,7 @@ func TestFamilyFencedRelease(t *testing.T) {
 // TestFamilyBadInput: bad input gets a clear error, writes nothing, and
 // never panics; an unlock without a hold is ErrNotHeld.
 func TestFamilyBadInput(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	forFamily(t, func(t *testing.T, p member) {
@@ -429,7 +429,7 @@ func TestFamilyBadInput(t *testing.T) {
 // TestFamilyExclusion: while a blocker holds, the lock waits; it gets the
 // lock once the blocker leaves, with a higher token.
 func TestFamilyExclusion(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	forFamily(t, func(t *testing.T, p member) {
 		ctx := testContext(t)

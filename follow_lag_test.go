@@ -78,7 +78,7 @@ func (w *laggingWatch) SendMsg(m any) error {
 // never report that earlier leader, nor nobody, while the current one leads;
 // and it still sees the next change.
 func TestFollowLaggingWatch(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

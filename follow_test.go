@@ -145,7 +145,7 @@ func sameAsInspect(t *testing.T, ctx context.Context, client *clientv3.Client, n
 // was (a nested lock's key, a Semaphore's wake-up); a queue sent is the
 // receiver's to change; no write; bad input gives a closed channel.
 func TestFollow(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	as := func(id string) *etcdlock.Session { return newSession(t, client, etcdlock.WithIdentity(id)) }
@@ -278,7 +278,7 @@ func (l rwWriter) Key() string                               { return l.rw.Key()
 // TestInspectAt: the revision InspectAt returns is that of its read: a
 // watch from the next one sees the next change first.
 func TestInspectAt(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -315,7 +315,7 @@ func TestInspectAt(t *testing.T) {
 // leader), or ErrNoLeader, also when only an RWMutex or a Semaphore holds
 // the name; one read, no write; bad input gives an error.
 func TestLeaderOf(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -398,7 +398,7 @@ func TestLeaderOf(t *testing.T) {
 // its lease), a leader that stops. Follow, beside it, shows the same
 // holders.
 func TestFollowLeaderFailover(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	client := srv.Client(t)
 	ctx := testContext(t)
@@ -555,7 +555,7 @@ func handOver(t *testing.T, ctx context.Context, client *clientv3.Client, name s
 // again and watches from there: it sends the queue as it is, then each
 // later change within 1 s, sooner than its periodic re-read.
 func TestFollowCompaction(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)
 	defer proxy.Unblackhole()
@@ -592,7 +592,7 @@ func TestFollowCompaction(t *testing.T) {
 // its watch); each change made while the member is down is sent within the
 // bound.
 func TestFollowMemberStopped(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	cluster := etcdtest.StartCluster(t, 3)
 	client := cluster.Client(t)
 	observer := cluster.Client(t)
@@ -618,7 +618,7 @@ func TestFollowMemberStopped(t *testing.T) {
 // TestFollowLostEvent: a watch event that etcd loses (etcd #17529 and
 // others) delays the change by at most the re-read interval.
 func TestFollowLostEvent(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var d eventDropper
 	wc := interceptedClient(t, srv.Endpoints(), nil, d.intercept)
@@ -647,7 +647,7 @@ func TestFollowLostEvent(t *testing.T) {
 // goroutine of it is left. Nothing is sent while etcd is unreachable, and
 // the queue once it is back.
 func TestFollowEnds(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	labelGoroutines(t) // followers counts the Follow goroutines of this test
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)

@@ -53,7 +53,7 @@ func checkEnded(t *testing.T, client *clientv3.Client, who string, h etcdlock.Ho
 }
 
 func TestMutexHeld(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -117,7 +117,7 @@ func TestMutexHeld(t *testing.T) {
 }
 
 func TestRWMutexHeld(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -184,7 +184,7 @@ func TestRWMutexHeld(t *testing.T) {
 // TestMultiMutexHeld: a MultiMutex's snapshot names every key, all in etcd at
 // its one token; its guard fails once the hold ended.
 func TestMultiMutexHeld(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	a, b := lockName(t)+"/a", lockName(t)+"/b"

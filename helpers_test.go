@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(v3lockServerEnv) == "1" {
 		runV3lockServer()
 	}
-	testflags.ShortParallel(16)             // the parallel tests mostly wait for leases and timers
+	testflags.SetParallel(16)               // the parallel tests mostly wait for leases and timers
 	goleak.VerifyTestMain(etcdtest.Main(m)) // etcdtest.Main stops the server of namespace_test.go
 }
 
@@ -381,12 +381,13 @@ func waitUntil(ctx context.Context, cond func() bool) error {
 	return nil
 }
 
-// long skips a test of many seconds under -short, saying so: the fault
-// runs (chaos, holder processes, checked histories) take minutes together.
+// long skips a long fault run outside the long run, saying so: chaos,
+// holder processes and checked histories take minutes together. .ci/run
+// runs them with ETCDLOCK_LONG=1.
 func long(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("a long fault run: skipped under -short (go test ./... runs it)")
+	if !testflags.Long() {
+		t.Skip("a long fault run: ETCDLOCK_LONG=1 runs it (.ci/run does)")
 	}
 }
 

@@ -810,7 +810,7 @@ func TestHistoryContention(t *testing.T) {
 // TestHistoryNoLock gives the strict model its teeth: holds that exclude
 // nothing, under the same contention, must be found illegal.
 func TestHistoryNoLock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	res := runContention(t, kind{limit: 1, make: func(s *etcdlock.Session, name string, _ time.Duration) primitive {
 		return noLock{s: s, name: name}
 	}}, 4, 2*time.Second)

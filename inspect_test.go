@@ -49,7 +49,7 @@ func inspect(t *testing.T, ctx context.Context, client *clientv3.Client, name st
 // TestInspect: holders first, then waiters in the order they will be
 // served, with identities, for every kind of lock; one read, no write.
 func TestInspect(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	as := func(id string) *etcdlock.Session { return newSession(t, client, etcdlock.WithIdentity(id)) }

@@ -51,7 +51,7 @@ func (tr *terms) wait(t *testing.T, ctx context.Context, what string) etcdlock.H
 }
 
 func TestSessionLeadRenews(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
 	name := lockName(t)
@@ -94,7 +94,7 @@ func TestSessionLeadRenews(t *testing.T) {
 }
 
 func TestSessionLeadWithoutRenewal(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithTTL(renewTTL))
 	ctx := testContext(t)
@@ -110,7 +110,7 @@ func TestSessionLeadWithoutRenewal(t *testing.T) {
 }
 
 func TestSessionLeadPanic(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -129,7 +129,7 @@ func TestSessionLeadPanic(t *testing.T) {
 }
 
 func TestSessionLeadBadInput(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	f := func(context.Context) error { return nil }

@@ -144,7 +144,7 @@ func (c *candidate) stop(t *testing.T) error {
 // context cancels its f, waits for it, releases, and a backup leads; f's
 // own error ends Lead with it; bad input gets an error.
 func TestLead(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -208,7 +208,7 @@ func TestLead(t *testing.T) {
 // dies is replaced within the TTL; a change of etcd's own leader never gives
 // two leaders at once.
 func TestLeadFailover(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	cluster := etcdtest.StartCluster(t, 3)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -275,7 +275,7 @@ func TestLeadFailover(t *testing.T) {
 // lease while f runs) with ErrInvalidArgument and a message that names the
 // option, before it runs f, writing nothing and leaving the lease alone.
 func TestLeadRefusesSessionOptions(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -312,7 +312,7 @@ func TestLeadRefusesSessionOptions(t *testing.T) {
 // has released the lock and closed its Session: its lease is revoked, and
 // no key is left under the name.
 func TestLeadPanicClosesSession(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -342,7 +342,7 @@ func TestLeadPanicClosesSession(t *testing.T) {
 // spin against etcd: Lead backs off between terms (50 ms, doubling to 1 s:
 // at most 5 terms in a second), so fewer than 20 terms start in one second.
 func TestLeadPacesShortTerms(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	const bound = 20
@@ -371,7 +371,7 @@ func TestLeadPacesShortTerms(t *testing.T) {
 // SessionFailed, so that a wrong endpoint does not look like a backup that
 // is never elected. Once etcd is back, Lead leads.
 func TestLeadReportsSessionFailures(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, proxied, proxy := startProxied(t)
 	name := lockName(t)
 	proxy.Blackhole()

@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // The fault matrix: for every kind of lock, every etcd call the lock makes
@@ -131,11 +132,11 @@ func TestFaultMatrix(t *testing.T) {
 	if faultsFor(t, "ETCDLOCK_MATRIX_LONG", 0) > 0 {
 		rounds, nths = 3, []int{1, 2, 3}
 	}
-	// Under -short, each call and fault runs on one kind of lock, the kinds
+	// In the quick suite, each call and fault runs on one kind of lock, the kinds
 	// taking turns from one call and fault to the next: every seam and every
 	// fault still runs, on every kind, in a sixth of the time.
 	var only map[string]bool
-	if testing.Short() && rounds == 1 {
+	if !testflags.Long() && rounds == 1 {
 		only = shortMatrix()
 	}
 	// The cases spend most of their time waiting for etcd and for timers:

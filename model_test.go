@@ -38,6 +38,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 const (
@@ -58,7 +59,7 @@ var modelSessions = []struct {
 
 func TestModel(t *testing.T) {
 	budget := faultsFor(t, "ETCDLOCK_MODEL_LONG", 8*time.Second)
-	if testing.Short() {
+	if !testflags.Long() && os.Getenv("ETCDLOCK_MODEL_LONG") == "" {
 		budget = 3 * time.Second
 	}
 	seed := uint64(time.Now().UnixNano())

@@ -131,7 +131,7 @@ func createRevisions(t *testing.T, client *clientv3.Client, keys ...string) []in
 }
 
 func TestMultiLockUnlock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	client, s, ctx, names := multiSetup(t, 3)
 	m := etcdlock.NewMultiMutex(s, names[2], names[0], names[1], names[0])
 	if got := m.Names(); !slices.Equal(got, names) {
@@ -189,7 +189,7 @@ func TestMultiLockUnlock(t *testing.T) {
 }
 
 func TestMultiReentrant(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	client, s, ctx, names := multiSetup(t, 2)
 	m := lockedMulti(t, s, names...)
 	token := m.Token()
@@ -219,7 +219,7 @@ func TestMultiReentrant(t *testing.T) {
 // another Session on one of the names exclude a MultiMutex, and are
 // excluded by it; a try writes nothing while one name is held.
 func TestMultiExcludes(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 3)
@@ -282,7 +282,7 @@ func TestMultiExcludes(t *testing.T) {
 // names, exclude each other; a goroutine waiting for its local turn writes
 // nothing.
 func TestMultiSameSession(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	client, s, ctx, names := multiSetup(t, 3)
 	first := etcdlock.NewMultiMutex(s, names[0], names[1])
 	second := etcdlock.NewMultiMutex(s, names[1], names[2])
@@ -319,7 +319,7 @@ func TestMultiSameSession(t *testing.T) {
 }
 
 func TestMultiWouldDeadlock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	client, s, ctx, names := multiSetup(t, 2)
 	m := etcdlock.NewMultiMutex(s, names...)
 	mu := etcdlock.NewMutex(s, names[1])
@@ -361,7 +361,7 @@ func TestMultiWouldDeadlock(t *testing.T) {
 }
 
 func TestMultiBadInput(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	ctx := testContext(t)
@@ -398,7 +398,7 @@ func TestMultiBadInput(t *testing.T) {
 // TestMultiCancelLeavesNothing: a LockContext whose ctx ends while it waits
 // leaves no key in any queue, and the queue moves on.
 func TestMultiCancelLeavesNothing(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 3)
@@ -436,7 +436,7 @@ func TestMultiCancelLeavesNothing(t *testing.T) {
 // deleted by hand, and the release deletes the others, saying the hold was
 // lost.
 func TestMultiDoneOnDeletedKey(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	client, s, ctx, names := multiSetup(t, 3)
 	m := lockedMulti(t, s, names...)
 	done := m.Done()
@@ -458,7 +458,7 @@ func TestMultiDoneOnDeletedKey(t *testing.T) {
 // TestMultiWaiterRequeued: a key of a waiting MultiMutex deleted by hand
 // makes it queue all its keys again, at one new revision.
 func TestMultiWaiterRequeued(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 2)
@@ -624,11 +624,11 @@ func firstInEvery(ctx context.Context, s *etcdlock.Session, names []string, toke
 	return nil
 }
 
-// multiRunFor is how long the deadlock test's workload runs: 10 s, or a
-// few seconds under -short; ETCDLOCK_MULTI_LONG sets it (1: 10 minutes, or a
+// multiRunFor is how long the deadlock test's workload runs: 10 s in the
+// long run, 3 s in the quick suite; ETCDLOCK_MULTI_LONG sets it (1: 10 minutes, or a
 // duration such as 30s, the run docs/benchmarks.md reports).
 func multiRunFor(t *testing.T) time.Duration {
-	if os.Getenv("ETCDLOCK_MULTI_LONG") == "" && testing.Short() {
+	if os.Getenv("ETCDLOCK_MULTI_LONG") == "" && !testflags.Long() {
 		return 3 * time.Second
 	}
 	return faultsFor(t, "ETCDLOCK_MULTI_LONG", 10*time.Second)
@@ -637,7 +637,7 @@ func multiRunFor(t *testing.T) time.Duration {
 // TestMultiNoDeadlock: Sessions that take random subsets of the same names
 // at once all get every hold, with one holder per name at a time.
 func TestMultiNoDeadlock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	names := multiNames(t, 5)
 	d := multiRunFor(t)
@@ -657,7 +657,7 @@ func TestMultiNoDeadlock(t *testing.T) {
 // orders wait in a cycle until a timeout breaks it, judged in etcd; taken
 // at once, in the same orders, they never do.
 func TestMultiLockByLockDeadlocks(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	names := multiNames(t, 2)
@@ -747,7 +747,7 @@ func TestMultiLockByLockDeadlocks(t *testing.T) {
 
 	// The random workload, lock by lock, for comparison: timeouts counted,
 	// not asserted (a cycle needs an unlucky interleaving).
-	if !testing.Short() {
+	if testflags.Long() {
 		run := multiWorkload(t, client, multiNames(t, 5), 4, 3*time.Second, time.Second, true, 23)
 		t.Logf("lock by lock, random orders: %d holds, %d acquisitions timed out after 1 s", run.holds.Load(), run.timeouts.Load())
 	}
@@ -757,7 +757,7 @@ func TestMultiLockByLockDeadlocks(t *testing.T) {
 // acquisition, hold and release, of primitive KindMulti, with the names and
 // the shared token.
 func TestMultiObserved(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	var mu sync.Mutex
 	var events []etcdlock.Event

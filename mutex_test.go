@@ -20,7 +20,7 @@ import (
 )
 
 func TestLockUnlock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -59,7 +59,7 @@ func TestLockUnlock(t *testing.T) {
 }
 
 func TestTokensIncrease(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -84,7 +84,7 @@ func TestTokensIncrease(t *testing.T) {
 // TestMutualExclusionAcrossSessions: several sessions, several goroutines
 // each, one counter read and written inside the lock.
 func TestMutualExclusionAcrossSessions(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -131,7 +131,7 @@ func TestMutualExclusionAcrossSessions(t *testing.T) {
 }
 
 func TestFIFOAcrossSessions(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -175,7 +175,7 @@ func TestFIFOAcrossSessions(t *testing.T) {
 // etcd) still gets the lock, within a TTL of the delete: it reads its place
 // again at least once per TTL.
 func TestLostWatchEvent(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var d eventDropper
 	rec := &watchRecorder{rev: func() int64 { return 0 }}
@@ -212,7 +212,7 @@ func TestLostWatchEvent(t *testing.T) {
 }
 
 func TestTryLock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	name := lockName(t)
 	ctx := testContext(t)
@@ -255,7 +255,7 @@ func TestTryLock(t *testing.T) {
 // false from TryLock, a panic naming the context method from Lock and Unlock,
 // and writes nothing to etcd.
 func TestBadInput(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	good := newSession(t, client)
 	closed, err := etcdlock.NewSession(client)
@@ -330,7 +330,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestUnlockNotHeld(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -357,7 +357,7 @@ func TestUnlockNotHeld(t *testing.T) {
 // TestUnlockLost: the key deleted under the holder; UnlockContext ends the
 // hold and reports the loss.
 func TestUnlockLost(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -381,7 +381,7 @@ func TestUnlockLost(t *testing.T) {
 // TestIsOwner: a Txn guarded by IsOwner succeeds while held and fails once
 // the hold ended, even after the process locks again.
 func TestIsOwner(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -417,7 +417,7 @@ func TestIsOwner(t *testing.T) {
 // same Txn: then it queues again with a new key, and its token is that
 // key's.
 func TestWaiterKeyDeletedWithHolder(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	for _, sameTxn := range []bool{false, true} {
@@ -474,7 +474,7 @@ func TestWaiterKeyDeletedWithHolder(t *testing.T) {
 // us goes, whether our reads saw it (the newest keys ahead) or not (further
 // ahead).
 func TestWaiterSkipsGoneKeys(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

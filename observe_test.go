@@ -62,7 +62,7 @@ func ended(lock string, o etcdlock.Outcome) func(etcdlock.Event) bool {
 // TestObserverEvents: every kind of event, with its fields, for each
 // primitive.
 func TestObserverEvents(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	var log eventLog
@@ -184,7 +184,7 @@ func TestObserverEvents(t *testing.T) {
 // TestObserverLossReasons: HoldLost says why the hold was lost, for each
 // way of losing it.
 func TestObserverLossReasons(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	healthy, proxied, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	ctx := testContext(t)
@@ -262,7 +262,7 @@ func (o *blockingObserver) Observe(e etcdlock.Event) {
 // TestObserverNeverBlocks: an Observer that does not return delays no lock
 // call; the events it could not take are dropped, and counted.
 func TestObserverNeverBlocks(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	o := &blockingObserver{release: make(chan struct{})}
@@ -332,7 +332,7 @@ func (h *recordHandler) find(msg string) []string {
 // TestWithLogger: a loss logs at Warn with the lock's name, key and token;
 // acquisitions at Debug; the Session's identity is never logged.
 func TestWithLogger(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	var h recordHandler
@@ -381,7 +381,7 @@ func TestWithLogger(t *testing.T) {
 // never closed, stops as Close stops it: its observers get SessionClosed and
 // its delivery goroutine ends (goleak checks that at the end of the tests).
 func TestObserverWithContextEnd(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	sctx, cancel := context.WithCancel(testContext(t))
 	log := &eventLog{}
@@ -418,7 +418,7 @@ func (o *closingObserver) Observe(e etcdlock.Event) {
 // after it, and delivery goes on after the Observer returns, to
 // SessionClosed.
 func TestObserverMayClose(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	const bound = 5 * time.Second
 	for _, tc := range []struct {

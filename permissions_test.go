@@ -100,7 +100,7 @@ func authClient(t *testing.T, endpoints []string, user, password string) *client
 // refused request was not applied, so there is nothing to clean up and
 // nothing to wait for. Once the role may write, the same locks work.
 func TestRefusedIsNoMaybe(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	env := authServer(t, permission{"\x00", "\x00", clientv3.PermissionType(clientv3.PermRead)})
 	root, user, role := env.root, env.user, env.role
 	s := newSession(t, user)
@@ -167,7 +167,7 @@ func TestRefusedIsNoMaybe(t *testing.T) {
 // primitive of the lock name: to lock, to unlock, to clean up after a lost
 // reply, to renew the Session's lease, and to close the Session.
 func TestLockPermissions(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	name := "perm/" + t.Name()
 	env := authServer(t,
 		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)),

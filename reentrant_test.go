@@ -22,7 +22,7 @@ import (
 )
 
 func TestReentrant(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -80,7 +80,7 @@ func TestReentrant(t *testing.T) {
 // TestGoroutinesOfOneProcess runs many goroutines on one Session and lock:
 // they exclude each other, and the process never has more than one key.
 func TestGoroutinesOfOneProcess(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	name := lockName(t)
@@ -151,7 +151,7 @@ func TestGoroutinesOfOneProcess(t *testing.T) {
 // TestTryLockLocalHolder: a goroutine of the same process holding the lock
 // makes TryLock fail without a round trip.
 func TestTryLockLocalHolder(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	m := etcdlock.NewMutex(s, lockName(t))
@@ -175,7 +175,7 @@ func TestTryLockLocalHolder(t *testing.T) {
 // goroutines of the process without etcd writes and with the same token, at
 // most n times in a row; then the key goes back to etcd's queue.
 func TestLocalHandoff(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	const n = 3
 	s := newSession(t, client, etcdlock.WithLocalHandoff(n))
@@ -232,7 +232,7 @@ func TestLocalHandoff(t *testing.T) {
 // TestLocalHandoffDoesNotStarveOthers: another process waiting gets the lock
 // after at most n+1 local holds.
 func TestLocalHandoffDoesNotStarveOthers(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	const n = 2
 	s := newSession(t, client, etcdlock.WithLocalHandoff(n))

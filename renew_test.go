@@ -101,7 +101,7 @@ func checkNothingLeft(t *testing.T, client *clientv3.Client, lease clientv3.Leas
 }
 
 func TestRenewalAfterPartition(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	log := &eventLog{}
@@ -234,7 +234,7 @@ func TestRenewalAfterPartition(t *testing.T) {
 // new lease, and a call under way on the lost lease returns
 // ErrSessionExpired.
 func TestRenewalAfterRevoke(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
 	other := newSession(t, client)
@@ -294,7 +294,7 @@ func TestRenewalAfterRevoke(t *testing.T) {
 // within its bound, the renewal stops, and no lease is left once etcd is
 // back and the TTL has run.
 func TestRenewalClosedWithoutLease(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	s, err := etcdlock.NewSession(pc, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
@@ -361,7 +361,7 @@ func (g *grantFaults) unary(ctx context.Context, method string, req, reply any, 
 // new lease revoked as it is granted. Each time the Session renews again,
 // takes locks within the bound, and leaves no key or lease behind.
 func TestRenewalSeams(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	for _, revoke := range []bool{false, true} {
 		what := "grant reply lost"
 		if revoke {
@@ -423,7 +423,7 @@ func TestRenewalSeams(t *testing.T) {
 // A Session without WithRenewal ends with its lease, as before: Done
 // closes, and the context methods return ErrSessionExpired.
 func TestNoRenewalEndsWithLease(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithTTL(renewTTL))
 	old := s.Lease()
@@ -465,7 +465,7 @@ func (d *deafStream) RecvMsg(m any) error {
 // lease gone, and the Session goes on with a new lease; nothing of the old
 // one is left.
 func TestRenewalRevokesLiveLease(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, healthy := startServer(t)
 	var deaf atomic.Bool
 	var aliveAtRevoke, revoking atomic.Bool

@@ -37,7 +37,7 @@ func (l wlocker) Key() string                               { return "" }
 // TestRWMutexReadersShare: readers of several sessions hold together; a
 // writer waits for all of them.
 func TestRWMutexReadersShare(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -70,7 +70,7 @@ func TestRWMutexReadersShare(t *testing.T) {
 // it, and a try of it returns false and writes nothing: a writer is never
 // passed by readers.
 func TestRWMutexFIFO(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -117,7 +117,7 @@ func TestRWMutexFIFO(t *testing.T) {
 // moment, taking turns, do not keep a writer out (the unfair lock of
 // Redisson #5379 would).
 func TestRWMutexWriterNotStarved(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -168,7 +168,7 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 // for the write lock gets ErrWouldDeadlock, and Lock panics naming
 // LockContext.
 func TestRWMutexReentrant(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -246,7 +246,7 @@ func TestRWMutexReentrant(t *testing.T) {
 // exclude each other as two recipe RWMutexes would: writers exclude
 // everyone, readers share.
 func TestRWMutexRecipeInterop(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -323,7 +323,7 @@ func TestRWMutexRecipeInterop(t *testing.T) {
 // the writer leaves: it "holds" a lock it has no key for. Ours returns
 // ErrSessionExpired (TestFamilyWaiterLeaseRevoked).
 func TestRecipeRWMutexPhantom(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -377,7 +377,7 @@ func (s *countingWatch) RecvMsg(m any) error {
 // TestRWMutexNoHerd: a writer's release wakes the readers right behind it,
 // which it unblocks, and no one queued behind the next writer.
 func TestRWMutexNoHerd(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -532,7 +532,7 @@ func checkEmptyView(t *testing.T, client *clientv3.Client, who string, v rwView)
 // A goroutine that holds nothing gets the zero answers; a writer sees its
 // write hold, through its nested reads too.
 func TestRWMutexViewsPerGoroutine(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

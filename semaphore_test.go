@@ -67,7 +67,7 @@ func release(t *testing.T, p *etcdlock.Permit) {
 // TestSemaphoreLimit: holders of many sessions never exceed the limit, and
 // do reach it; each holder's key is, in etcd, among the limit oldest.
 func TestSemaphoreLimit(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -124,7 +124,7 @@ func hasKey(kvs []*mvccpb.KeyValue, key string) bool {
 // InterProcessSemaphore leaves that permit idle until a leaves, since c
 // watches a), and a leaving then admits d.
 func TestSemaphoreNoStrandedPermit(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -155,7 +155,7 @@ func TestSemaphoreNoStrandedPermit(t *testing.T) {
 
 // TestSemaphoreFIFO: waiters are admitted in the order they queued.
 func TestSemaphoreFIFO(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -192,7 +192,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 // TestSemaphoreNoHerd: with 20 waiters, a release wakes the head waiter and
 // at most one more (the next in line, told by the admitted one), not all 20.
 func TestSemaphoreNoHerd(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -232,7 +232,7 @@ func TestSemaphoreNoHerd(t *testing.T) {
 // TestSemaphoreLimitMismatch: a holder with another limit, or a Mutex's key
 // on the name, gives ErrLimitMismatch, and no key is left.
 func TestSemaphoreLimitMismatch(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -269,7 +269,7 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 // keep-alives stop) gives its permit back when its lease expires, within
 // the TTL.
 func TestSemaphoreCrashedHolder(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
@@ -301,7 +301,7 @@ func TestSemaphoreCrashedHolder(t *testing.T) {
 
 // TestPermit: a permit's key, token and guard while held; released once.
 func TestPermit(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)

@@ -15,7 +15,7 @@ import (
 )
 
 func TestSessionTTLRoundsUp(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithTTL(1500*time.Millisecond))
 	if got, want := s.TTL(), 2*time.Second; got != want {
@@ -34,7 +34,7 @@ func TestSessionTTLRoundsUp(t *testing.T) {
 }
 
 func TestSessionDefaultTTL(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client)
 	if got := s.TTL(); got != etcdlock.DefaultTTL {
@@ -43,7 +43,7 @@ func TestSessionDefaultTTL(t *testing.T) {
 }
 
 func TestNewSessionBadInput(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -90,7 +90,7 @@ func TestNewSessionBadInput(t *testing.T) {
 }
 
 func TestSessionWithLease(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	grant, err := client.Grant(ctx, 30)
@@ -129,7 +129,7 @@ func TestSessionWithLease(t *testing.T) {
 }
 
 func TestSessionClose(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	ctx := testContext(t)
 	s := newSession(t, client)
@@ -194,7 +194,7 @@ func TestSessionWithContextCancel(t *testing.T) {
 // Session at its next keep-alive, within TTL/4 + a round trip (asserted:
 // twice TTL/3 + 1 s).
 func TestSessionRevokedElsewhere(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	const ttl = 3 * time.Second
 	_, client := startServer(t)
 	ctx := testContext(t)

@@ -65,7 +65,7 @@ func wantClosed(t *testing.T, what string, ch <-chan struct{}) {
 // unlock ends the dead hold; and its next lock takes the lock for real, its
 // key the oldest of the queue in etcd.
 func TestRelockOfLostHold(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 
 	for _, tc := range []struct {
@@ -73,7 +73,7 @@ func TestRelockOfLostHold(t *testing.T) {
 		renew bool
 	}{{"key deleted", false}, {"lease renewed", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			testflags.ParallelShort(t)
+			testflags.Parallel(t)
 			var opts []etcdlock.SessionOption
 			if tc.renew {
 				opts = append(opts, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second))
@@ -143,7 +143,7 @@ func TestRelockOfLostHold(t *testing.T) {
 // writers (and a writer's nested read), a MultiMutex, and a goroutine that
 // holds through a Do scope.
 func TestRelockOfLostHoldFamily(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 
 	relock := func(t *testing.T, lock, unlock func(context.Context) error, key func() string, done func() <-chan struct{}) {
@@ -178,17 +178,17 @@ func TestRelockOfLostHoldFamily(t *testing.T) {
 	}
 
 	t.Run("reader", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		testflags.Parallel(t)
 		rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
 		relock(t, rw.RLockContext, rw.RUnlockContext, rw.Key, rw.Done)
 	})
 	t.Run("writer", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		testflags.Parallel(t)
 		rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
 		relock(t, rw.LockContext, rw.UnlockContext, rw.Key, rw.Done)
 	})
 	t.Run("writer's read", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		testflags.Parallel(t)
 		rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
 		ctx := testContext(t)
 		if err := rw.LockContext(ctx); err != nil {
@@ -208,7 +208,7 @@ func TestRelockOfLostHoldFamily(t *testing.T) {
 		}
 	})
 	t.Run("multi", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		testflags.Parallel(t)
 		name := lockName(t)
 		s := newSession(t, client)
 		mm := etcdlock.NewMultiMutex(s, name+"-a", name+"-b")
@@ -221,7 +221,7 @@ func TestRelockOfLostHoldFamily(t *testing.T) {
 		relock(t, mm.LockContext, mm.UnlockContext, key, mm.Done)
 	})
 	t.Run("do scope", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		testflags.Parallel(t)
 		m := etcdlock.NewMutex(newSession(t, client), lockName(t))
 		ctx := testContext(t)
 		err := m.Do(ctx, func(fctx context.Context) error {
@@ -246,7 +246,7 @@ func TestRelockOfLostHoldFamily(t *testing.T) {
 // goroutine (WithLocalHandoff): that goroutine takes the lock in etcd, with a
 // key of its own.
 func TestHandOffOfLostHold(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	s := newSession(t, client, etcdlock.WithLocalHandoff(5))
 	name := lockName(t)
@@ -284,7 +284,7 @@ func TestHandOffOfLostHold(t *testing.T) {
 // can never lease again: it ends (Done closes), its calls return at once
 // with ErrSessionExpired, and it reports nothing after that.
 func TestRenewalClientClosed(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	c := startClient(t, client)
 	var failed atomic.Int64
@@ -359,10 +359,10 @@ func loseReply(_ context.Context, invoke func() error) error {
 // more than maxBookkeeping keys on the Session's lease besides lock keys,
 // however many they are, and no goroutine once etcd is back.
 func TestBookkeepingBounded(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 
 	t.Run("lost replies", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		testflags.Parallel(t)
 		_, healthy := startServer(t)
 		fault := &txnFault{}
 		c := interceptedClient(t, healthy.Endpoints(), fault.intercept, nil)
@@ -402,7 +402,7 @@ func TestBookkeepingBounded(t *testing.T) {
 	})
 
 	t.Run("outage", func(t *testing.T) {
-		testflags.ParallelShort(t)
+		testflags.Parallel(t)
 		healthy, proxied, proxy := startProxied(t)
 		defer proxy.Unblackhole()
 		s := newSession(t, proxied, etcdlock.WithTTL(60*time.Second))
@@ -451,7 +451,7 @@ func TestBookkeepingBounded(t *testing.T) {
 // held or waited for, concurrency.Mutex (so etcdctl lock) and our Mutex take
 // "jobs" at once.
 func TestParentLockFree(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, healthy := startServer(t)
 	fault := &txnFault{}
 	c := interceptedClient(t, healthy.Endpoints(), fault.intercept, nil)
@@ -585,7 +585,7 @@ func (s *delayedStream) RecvMsg(m any) error {
 // after its reply came back, which believes in more lease than there is;
 // and before the next holder acquires.
 func TestWarningCountsFromSend(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	healthy := srv.Client(t)
 	_, proxy := srv.ProxiedClient(t)
@@ -651,7 +651,7 @@ func TestWarningCountsFromSend(t *testing.T) {
 // Session has taken the write lock anew: its unlock answers ErrLockLost,
 // not ErrNotHeld, and the other goroutine's hold is untouched.
 func TestLostWriteHoldKept(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, client := startServer(t)
 	rw := etcdlock.NewRWMutex(newSession(t, client), lockName(t))
 	ctx := testContext(t)
@@ -683,7 +683,7 @@ func TestLostWriteHoldKept(t *testing.T) {
 // that says so, not "busy" (nobody else holds or waits); once etcd is back
 // the delete lands and the try takes the lock.
 func TestTryWhileCleaning(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, healthy := startServer(t)
 	var down atomic.Bool // every Txn fails unsent, as with etcd unreachable
 	lost := make(chan struct{}, 1)
@@ -760,7 +760,7 @@ func TestTryWhileCleaning(t *testing.T) {
 // and returns ctx's error. The same for a Semaphore's TryAcquire, which must
 // not answer ErrNoPermit.
 func TestWaitCountsOnlyHolders(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, healthy := startServer(t)
 	var silent atomic.Bool // every Txn waits for its context, unanswered
 	c := interceptedClient(t, healthy.Endpoints(), func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

@@ -22,7 +22,7 @@ import (
 // cut comes before the call or while it waits; once etcd is back, no key of
 // the failed calls is left.
 func TestDownLockContextDeadline(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	ctx := testContext(t)
@@ -90,7 +90,7 @@ func TestDownLockContextDeadline(t *testing.T) {
 // within 3 s (asserted: 6 s) and Session.Close within 5 s; a delete that
 // etcd did not confirm is retried until it lands, once etcd is back.
 func TestDownUnlockAndClose(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	ctx := testContext(t)
@@ -145,7 +145,7 @@ func (l syncLocker) Lock(context.Context) error {
 // TestDownLockRetries: Lock, started while etcd is unreachable, keeps
 // retrying and takes the lock once etcd is back.
 func TestDownLockRetries(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	healthy, pc, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	name := lockName(t)
@@ -176,7 +176,7 @@ func TestDownLockRetries(t *testing.T) {
 // ErrSessionExpired within 1 s of Session.Done (asserted: 2 s), while the
 // holder still holds.
 func TestDownWaiterSessionExpires(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	for _, how := range []string{"revoked", "blackholed"} {
 		t.Run(how, func(t *testing.T) {
 			healthy, pc, proxy := startProxied(t)
@@ -225,7 +225,7 @@ func TestDownWaiterSessionExpires(t *testing.T) {
 // revoke that cancelling the WithContext context started returns within
 // 5 s, and sends no second revoke after the first has answered.
 func TestSessionCloseAfterCancel(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	_, _, proxy := startProxied(t)
 	defer proxy.Unblackhole()
 	var revokes atomic.Int64

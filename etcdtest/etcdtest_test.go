@@ -181,7 +181,7 @@ func TestCloseWithOpenStreams(t *testing.T) {
 }
 
 func TestTLS(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t, etcdtest.WithTLS())
 	ep := srv.Endpoints()[0]
 	if !strings.HasPrefix(ep, "https://127.0.0.1:") {
@@ -212,7 +212,7 @@ func TestTLS(t *testing.T) {
 }
 
 func TestClientCertAuth(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t, etcdtest.WithClientCertAuth())
 	put(t, srv.Client(t), t.Name(), "v")
 
@@ -229,7 +229,7 @@ func TestClientCertAuth(t *testing.T) {
 }
 
 func TestProxiedClientBlackhole(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	if got, want := p.Endpoints(), srv.Endpoints(); len(got) != 1 || slices.Equal(got, want) {
@@ -253,7 +253,7 @@ func TestProxiedClientBlackhole(t *testing.T) {
 }
 
 func TestProxiedClientDelay(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	put(t, c, t.Name(), "v")
@@ -274,7 +274,7 @@ func TestProxiedClientDelay(t *testing.T) {
 }
 
 func TestProxiedClientPause(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	c, p := srv.ProxiedClient(t)
 	put(t, c, t.Name(), "v")
@@ -539,7 +539,7 @@ func TestWithFsync(t *testing.T) {
 }
 
 func TestNewProxiedClient(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv, err := etcdtest.New()
 	if err != nil {
 		t.Fatalf("New: got %v, want nil", err)

@@ -95,7 +95,7 @@ func TestExampleStart(t *testing.T) {
 }
 
 func TestExampleProxiedClient(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli, proxy := srv.ProxiedClient(t)
 

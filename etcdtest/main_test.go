@@ -10,6 +10,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testflags.ShortParallel(8) // the parallel tests mostly wait for etcd
+	testflags.SetParallel(8) // the parallel tests mostly wait for etcd
 	goleak.VerifyTestMain(etcdtest.Main(m))
 }

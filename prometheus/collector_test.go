@@ -23,7 +23,7 @@ import (
 // primitive, a loss and the release of the lost hold against a real etcd,
 // then scrapes the registry: every count exactly, every duration above 0.
 func TestCollector(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	client := srv.Client(t)
 	ctx := testContext(t)
@@ -394,7 +394,7 @@ func TestEventsDropped(t *testing.T) {
 // TestKeepAliveSilent cuts the client off from etcd while a lock is held:
 // renewals fail, the margin shrinks, and the hold is lost for silence.
 func TestKeepAliveSilent(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	client, proxy := srv.ProxiedClient(t)
 	ctx := testContext(t)

@@ -69,7 +69,7 @@ func TestDemo(t *testing.T) {
 }
 
 func TestDemoExternalEtcd(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	checkDemoOutput(t, runCLI(t, nil, "demo", "--endpoints", srv.Endpoints()[0], "--workers", "5", "--rounds", "3"))
 	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)

@@ -197,7 +197,7 @@ func (q *holdersQueue) check(ep string) {
 // TestHolders: etcdlock holders shows every kind of lock, holders first,
 // then waiters in serving order, with their identities.
 func TestHolders(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	ep := srv.Endpoints()[0]

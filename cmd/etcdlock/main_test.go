@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asMain) == "1" {
 		main()
 	}
-	testflags.ShortParallel(8) // the parallel tests mostly wait for etcd and their commands
+	testflags.SetParallel(8) // the parallel tests mostly wait for etcd and their commands
 	goleak.VerifyTestMain(m)
 }
 

@@ -66,7 +66,7 @@ func maxRunning(lines []string) int {
 // TestRunShared: --shared runs hold together, and none holds beside a run
 // without --shared, either way round; holders shows them as readers.
 func TestRunShared(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	ep := srv.Endpoints()[0]
@@ -122,7 +122,7 @@ func TestRunShared(t *testing.T) {
 // TestRunLimit: --limit 2 lets two runs hold at once, never three;
 // holders shows the permits and the waiter.
 func TestRunLimit(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	ep := srv.Endpoints()[0]
 	name := lockName(t)

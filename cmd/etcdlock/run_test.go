@@ -23,7 +23,7 @@ import (
 )
 
 func TestRunNoOverlap(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -69,7 +69,7 @@ func TestRunNoOverlap(t *testing.T) {
 }
 
 func TestRunExitStatus(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	notExec := filepath.Join(t.TempDir(), "not-executable")
@@ -99,7 +99,7 @@ func TestRunExitStatus(t *testing.T) {
 }
 
 func TestRunBusy(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -142,7 +142,7 @@ func TestRunBusy(t *testing.T) {
 // it: its exit status (-E), silence on request (-q), and otherwise a message
 // that names the holder.
 func TestRunBusyFlock(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -237,7 +237,7 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 // TestRunIgnoredSignal: a signal ignored when etcdlock starts, as under
 // nohup, does not stop its wait.
 func TestRunIgnoredSignal(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	name := lockName(t)
@@ -282,7 +282,7 @@ func TestRunSignalForwarded(t *testing.T) {
 }
 
 func TestRunLockLost(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	revoke := func(ctx context.Context, k *keyInfo) error {
@@ -349,7 +349,7 @@ func TestRunLockLost(t *testing.T) {
 // stopped before etcd expires the lease, so before anyone else can get the
 // lock.
 func TestRunKeepAliveSilence(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	_, proxy := srv.ProxiedClient(t)
@@ -384,7 +384,7 @@ func TestRunKeepAliveSilence(t *testing.T) {
 // SIGTERM, and its child, are gone before etcd can expire the lease once
 // etcdlock is cut off from etcd.
 func TestRunDefaultsKillBeforeExpiry(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	_, proxy := srv.ProxiedClient(t)
@@ -484,7 +484,7 @@ func readPIDs(t *testing.T, path string) (first, second int) {
 }
 
 func TestRunTLS(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t, etcdtest.WithTLS(), etcdtest.WithClientCertAuth())
 	files := srv.TLS()
 	ep := srv.Endpoints()[0]
@@ -513,7 +513,7 @@ func TestRunTLS(t *testing.T) {
 }
 
 func TestRunUnreachable(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	ep := closedPort(t)
 	const secret = "unreachable-S3CRET"
 	for _, args := range [][]string{
@@ -539,7 +539,7 @@ func TestRunUnreachable(t *testing.T) {
 // TestRunUnreachableSaysWhy: a refused connection and an unknown host are
 // said as such, long before the dial timeout.
 func TestRunUnreachableSaysWhy(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	refused := closedPort(t)
 	for _, tc := range []struct {
 		name, ep, want string
@@ -567,7 +567,7 @@ func TestRunUnreachableSaysWhy(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	const password = "auth-S3CRET-pw"

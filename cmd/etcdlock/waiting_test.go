@@ -55,7 +55,7 @@ func identities(t *testing.T, cli *clientv3.Client, name string) []string {
 // TestRunIdentity: run stores host and pid in its key, no argument of
 // COMMAND; the command too with --identity-cmd; or --identity.
 func TestRunIdentity(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	ep := srv.Endpoints()[0]
@@ -97,7 +97,7 @@ func TestRunIdentity(t *testing.T) {
 // has waited holderReportAfter, once per holder: not again when the queue
 // changes behind the holder, again when the holder changes.
 func TestRunReportsHolder(t *testing.T) {
-	testflags.ParallelShort(t)
+	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
 	ep := srv.Endpoints()[0]
