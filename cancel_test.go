@@ -349,7 +349,7 @@ func TestTryLockForErrorAtWaitEnd(t *testing.T) {
 	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var fault txnFault
-	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
+	ic := serverClient(t, srv, fault.intercept, nil)
 	name := lockName(t)
 	ctx := testContext(t)
 	holder := etcdlock.NewMutex(newSession(t, client), name)

@@ -143,7 +143,7 @@ func TestD3CancelAfterApply(t *testing.T) {
 	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var fault txnFault
-	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
+	ic := serverClient(t, srv, fault.intercept, nil)
 
 	for _, tc := range []struct {
 		name      string

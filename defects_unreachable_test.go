@@ -168,7 +168,7 @@ func TestD7BoundedCleanup(t *testing.T) {
 func TestD9LockerTransientFailure(t *testing.T) {
 	srv, client := startServer(t)
 	var fault txnFault
-	ic := interceptedClient(t, srv.Endpoints(), fault.intercept, nil)
+	ic := serverClient(t, srv, fault.intercept, nil)
 	transient := rpctypes.ErrGRPCTimeout // codes.Unavailable
 
 	t.Run("ours", func(t *testing.T) {

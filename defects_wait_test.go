@@ -35,7 +35,7 @@ func TestD4SyncedWatch(t *testing.T) {
 		}
 		return rev
 	}}
-	wc := interceptedClient(t, srv.Endpoints(), nil, rec.intercept)
+	wc := serverClient(t, srv, nil, rec.intercept)
 
 	// scenario: a holder on a plain client, two waiters on the recorded one,
 	// unrelated writes while they wait; each in turn gets the lock. It
@@ -143,7 +143,7 @@ func TestD8WaiterSessionRevoked(t *testing.T) {
 	admin := startClient(t, client)
 	var fault txnFault
 	rec := &watchRecorder{rev: func() int64 { return 0 }}
-	wc := interceptedClient(t, srv.Endpoints(), fault.intercept, rec.intercept)
+	wc := serverClient(t, srv, fault.intercept, rec.intercept)
 
 	revoke := func(ctx context.Context, lease clientv3.LeaseID) error {
 		_, err := admin.Revoke(ctx, lease)

@@ -96,7 +96,7 @@ func TestFollowLaggingWatch(t *testing.T) {
 	}
 
 	var rewritten atomic.Int64
-	lagging := interceptedClient(t, srv.Endpoints(), nil, lagWatches(&rewritten))
+	lagging := serverClient(t, srv, nil, lagWatches(&rewritten))
 	s := followLeader(t, lagging, name)
 	s.wait(t, "the current leader", 0, func(e etcdlock.QueueEntry) bool { return e.Key == current.Key() })
 	time.Sleep(500 * time.Millisecond) // the replayed history arrives meanwhile

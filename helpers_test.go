@@ -77,13 +77,39 @@ func lockName(t *testing.T) string {
 func startServer(t *testing.T) (*etcdtest.Server, *clientv3.Client) {
 	t.Helper()
 	srv := etcdtest.Start(t)
-	return srv, srv.Client(t)
+	c := srv.Client(t)
+	servers.Store(c, srv)
+	t.Cleanup(func() { servers.Delete(c) })
+	return srv, c
 }
+
+// servers maps the clients startServer returns to their Server, so that
+// startClient gives a second client of the same keys: on an external etcd
+// (ETCDTEST_ENDPOINTS), under the same prefix.
+var servers sync.Map // *clientv3.Client → *etcdtest.Server
 
 // startClient returns a second client of the server client is connected to.
 func startClient(t *testing.T, client *clientv3.Client) *clientv3.Client {
 	t.Helper()
+	if srv, ok := servers.Load(client); ok {
+		return srv.(*etcdtest.Server).Client(t)
+	}
 	return interceptedClient(t, client.Endpoints(), nil, nil)
+}
+
+// serverClient returns a new client of srv whose calls go through the given
+// interceptors (nil: none), under srv's prefix on an external etcd. It is
+// closed by t.Cleanup.
+func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
+	t.Helper()
+	var opts []grpc.DialOption
+	if unary != nil {
+		opts = append(opts, grpc.WithChainUnaryInterceptor(unary))
+	}
+	if stream != nil {
+		opts = append(opts, grpc.WithChainStreamInterceptor(stream))
+	}
+	return srv.ClientWith(t, opts...)
 }
 
 // interceptedClient returns a client of endpoints whose calls go through the
@@ -289,6 +315,50 @@ func currentRevision(ctx context.Context, client *clientv3.Client) (int64, error
 		return 0, err
 	}
 	return resp.Header.Revision, nil
+}
+
+// wroteSince returns the keys written (put or deleted) in client's keyspace
+// after revision rev, up to now: on an external etcd, only under the test's
+// prefix, so that the writes of tests running beside it do not count. It
+// watches from rev+1 and asks for a progress report to know it has seen
+// everything up to now.
+func wroteSince(t *testing.T, client *clientv3.Client, rev int64) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	now, err := currentRevision(ctx, client)
+	if err != nil {
+		t.Fatalf("current revision: %v", err)
+	}
+	if now <= rev {
+		return nil
+	}
+	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer stop()
+	wch := client.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	var keys []string
+	for {
+		if err := client.RequestProgress(wctx); err != nil {
+			t.Fatalf("watch progress: %v", err)
+		}
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				t.Fatalf("watch from revision %d: %v", rev+1, wr.Err())
+			}
+			for _, ev := range wr.Events {
+				if ev.Kv.ModRevision <= now {
+					keys = append(keys, fmt.Sprintf("%s %q at %d", ev.Type, ev.Kv.Key, ev.Kv.ModRevision))
+				}
+			}
+			if wr.Header.Revision >= now && (wr.IsProgressNotify() || len(wr.Events) > 0 && wr.Events[len(wr.Events)-1].Kv.ModRevision >= now) {
+				return keys
+			}
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatalf("watch from revision %d: no progress to %d within %v", rev+1, now, testTimeout)
+		}
+	}
 }
 
 // revision returns etcd's current revision.

@@ -370,7 +370,7 @@ func TestRenewalSeams(t *testing.T) {
 		t.Run(what, func(t *testing.T) {
 			srv, healthy := startServer(t)
 			g := &grantFaults{healthy: healthy, revoke: revoke, granted: make(chan clientv3.LeaseID, 1)}
-			client := interceptedClient(t, srv.Endpoints(), g.unary, nil)
+			client := serverClient(t, srv, g.unary, nil)
 			s := newSession(t, client, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
 			name := lockName(t)
 			ctx := testContext(t)
@@ -492,7 +492,7 @@ func TestRenewalRevokesLiveLease(t *testing.T) {
 		}
 		return &deafStream{ClientStream: cs, deaf: &deaf}, nil
 	}
-	client := interceptedClient(t, srv.Endpoints(), unary, stream)
+	client := serverClient(t, srv, unary, stream)
 	s := newSession(t, client, etcdlock.WithRenewal(), etcdlock.WithTTL(renewTTL))
 	name := lockName(t)
 	ctx := testContext(t)

@@ -198,7 +198,7 @@ func TestSemaphoreNoHerd(t *testing.T) {
 	name := lockName(t)
 	const limit, waiters = 2, 20
 	var events watchEvents
-	wc := interceptedClient(t, srv.Endpoints(), nil, events.intercept)
+	wc := serverClient(t, srv, nil, events.intercept)
 
 	var held []*etcdlock.Permit
 	for range limit {

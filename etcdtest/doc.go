@@ -72,7 +72,8 @@
 //
 // The members are tuned for tests: a 10 ms heartbeat and a 100 ms election
 // timeout (leases may be as short as 1 s), no fsync unless WithFsync is
-// given, and no logs unless WithLogger is given.
+// given, bcrypt's lowest cost for passwords (so that a login with auth on
+// is fast), and no logs unless WithLogger is given.
 //
 // A member's data costs about 8 MB of disk (of memory, where TMPDIR is a
 // tmpfs) when it starts: two 4 MB write-ahead log segments, the one in use

@@ -58,6 +58,10 @@ func (m *member) start(o *options, crt *certs) error {
 	cfg.UnsafeNoFsync = !o.fsync
 	cfg.TickMs = tickMs
 	cfg.ElectionMs = electionMs
+	// bcrypt's lowest cost (4, not 10): a test's passwords guard nothing,
+	// and each login of a test with auth on would otherwise cost about
+	// 100 ms of CPU, seconds under -race with tests running beside it.
+	cfg.BcryptCost = 4
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(o.logger)
 	// Clients of this package speak gRPC; the HTTP/JSON gateway would only
 	// add a loopback gRPC connection per member.

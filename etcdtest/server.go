@@ -197,6 +197,15 @@ func (s *Server) Client(tb testing.TB) *clientv3.Client {
 	return client(tb, &s.owned, s.Endpoints(), s.o, s.certs)
 }
 
+// ClientWith returns a new client, like Client, made with extra gRPC dial
+// options: interceptors that delay, drop or record the client's calls, say.
+// On an external etcd it is under the Server's prefix, as Client's are, so
+// that it shares the keys of the test's other clients.
+func (s *Server) ClientWith(tb testing.TB, opts ...grpc.DialOption) *clientv3.Client {
+	tb.Helper()
+	return client(tb, &s.owned, s.Endpoints(), s.o, s.certs, opts...)
+}
+
 // ProxiedClient returns a new client, like Client, whose traffic goes through
 // a TCP proxy, and the Proxy that injects faults into it. The client and the
 // proxy are closed together, by tb.Cleanup or by Close.
@@ -260,9 +269,9 @@ func (s *Server) NewClient() (*clientv3.Client, error) {
 	return c, nil
 }
 
-func client(tb testing.TB, own *owned, endpoints []string, o *options, crt *certs) *clientv3.Client {
+func client(tb testing.TB, own *owned, endpoints []string, o *options, crt *certs, dopts ...grpc.DialOption) *clientv3.Client {
 	tb.Helper()
-	c, err := newClient(endpoints, o, crt)
+	c, err := newClient(endpoints, o, crt, dopts...)
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
