@@ -6,29 +6,14 @@ import (
 	"sync"
 )
 
-// Do takes the lock, runs f, waits for f to return, then releases the lock.
-//
-// f's context is derived from ctx and is cancelled at the earliest of: ctx
-// ends, the hold is lost or about to be (Done closes: our key deleted, the
-// lease revoked or expired, keep-alives silent for 2/3 of the TTL, the
-// Session ended), or f returns. Do never releases the lock while f runs: it
-// waits for f, however long f takes to notice its context, so f must return
-// soon after its context is cancelled. The release runs on a context
-// detached from ctx and bounded, as UnlockContext's does.
-//
-// The hold belongs to f's scope, not to a goroutine: inside f, any goroutine
-// that uses a context derived from f's re-enters this lock (the same Session
-// and name) at once with LockContext, TryLockFor and UnlockContext, each lock
-// needing its unlock. Goroutines that share the scope do not exclude each
-// other; use a sync.Mutex among them if they must. Holds that f's
-// goroutines leave unreleased end with the scope. A context kept after f
-// returned grants nothing: it is cancelled, and its lock calls wait like
-// any other caller's.
-//
-// Do returns the lock's error if it could not take the lock (f did not
-// run); else f's error; else ErrLockLost if the hold was lost, or about to
-// be, while f ran; else the release's error. If f panics, Do releases the
-// lock and panics again.
+// Do takes the lock, runs f, and releases the lock once f has returned,
+// never while f runs. f's context, derived from ctx, is cancelled when ctx
+// ends, when Done closes, or when f returns: f must then return soon. Any
+// goroutine that uses a context derived from f's re-enters this lock at once
+// (they do not exclude each other); holds they leave end with the scope, and
+// a context kept after f returned grants nothing. Do returns the lock's error if f did not run; else f's error; else
+// ErrLockLost if the hold was lost, or about to be, while f ran; else the
+// release's error. If f panics, Do releases the lock and panics again.
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
 	o := m.do(ctx, f)
 	switch {
@@ -95,8 +80,8 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 type heldKey struct{}
 
 // HoldFrom returns the hold of the innermost Do or Lead whose f's context
-// ctx derives from, and false for a context outside any. The hold may have
-// ended since: check ctx.Err(), and fence with Token or IsOwner.
+// ctx derives from, and false outside any. The hold may have ended since:
+// fence with its Token or IsOwner.
 func HoldFrom(ctx context.Context) (Hold, bool) {
 	h, ok := ctx.Value(heldKey{}).(Hold)
 	return h, ok

@@ -46,12 +46,8 @@ func (t *ticket) newHold() *hold {
 // and token but gives the next goroutine a loss signal of its own.
 func (h *hold) again() *hold { return h.t.newHold() }
 
-// Hold describes one hold, as one consistent snapshot taken at one moment:
-// the calling goroutine's hold of a Mutex, RWMutex or MultiMutex (their
-// Held methods), or the hold of a Do or Lead, for its f (HoldFrom). Its
-// fields do not change; Done and IsOwner follow the hold after the
-// snapshot. The zero Hold describes no hold: IsOwner is always false, Done
-// is closed.
+// Hold is one hold, as a snapshot taken at one moment; Done and IsOwner
+// follow the hold after it. The zero Hold describes no hold.
 type Hold struct {
 	Name  string           // the lock's name; a MultiMutex's names, sorted, joined by commas
 	Key   string           // our key; a MultiMutex's first name's (Keys has them all)
@@ -61,9 +57,7 @@ type Hold struct {
 	h *hold // the hold, for Done; nil in the zero Hold
 }
 
-// Done returns the hold's loss signal, as Mutex.Done does for a hold: a
-// channel closed when this hold ends or is lost (a later hold of the same
-// lock has a channel of its own). It is closed for the zero Hold.
+// Done returns this hold's loss signal, as Mutex.Done does.
 func (h Hold) Done() <-chan struct{} {
 	if h.h == nil {
 		return closedDone
@@ -72,14 +66,11 @@ func (h Hold) Done() <-chan struct{} {
 }
 
 // IsOwner returns a comparison for a clientv3 Txn that is true only while
-// the hold's Key lasts, as Mutex.IsOwner does. A MultiMutex's hold has a key
-// per name: guard the keys a Txn touches with
-// clientv3.Compare(clientv3.CreateRevision(key), "=", h.Token), one for each
-// key Keys returns.
+// Key lasts; for a MultiMutex's other keys, compare their CreateRevision to
+// Token.
 func (h Hold) IsOwner() clientv3.Cmp { return ownerCmp(h.Key, h.Token) }
 
-// Keys returns every key of the hold: Key alone, or a MultiMutex's, one per
-// name, in the order of its names (sorted). It is nil for the zero Hold.
+// Keys returns every key of the hold: Key, or a MultiMutex's, one per name.
 func (h Hold) Keys() []string {
 	if h.h == nil {
 		return nil

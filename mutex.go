@@ -11,26 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A Mutex is a distributed lock on etcd, and a sync.Locker.
-//
-// The holder is a goroutine. The holding goroutine may lock again, through
-// this handle or any other handle with the same Session and name; each lock
-// adds one hold and needs one unlock, and only the first lock and the last
-// unlock talk to etcd. Every other goroutine, of this process or another,
-// waits its turn in FIFO order.
-//
-// It uses the key scheme of etcd's concurrency.Mutex and etcdctl lock: the
-// key name/<lease ID in hex> with the Session's lease (at the acquisition,
-// for a Session made WithRenewal), the owner being the
-// key with the smallest create revision. A lock taken by any of the three
-// excludes the other two, as long as they use different leases.
-//
-// A Mutex cannot promise mutual exclusion to a resource outside etcd: a
-// holder may be paused, or cut off, past its lease's TTL while another
-// process takes the lock. Guard such resources with Token or IsOwner.
-//
-// The zero Mutex is not usable; make one with NewMutex. Its methods are safe
-// for use by many goroutines.
+// A Mutex is a distributed lock on etcd, and a sync.Locker. Its key is
+// name/<lease ID in hex>, as for etcd's concurrency.Mutex and etcdctl lock,
+// which it excludes and is excluded by.
 type Mutex struct {
 	s    *Session
 	name string
@@ -39,11 +22,9 @@ type Mutex struct {
 	st atomic.Pointer[lockState] // the lock's record, as last looked up
 }
 
-// NewMutex returns a handle on the lock called name, taken with the lease of
-// s. Handles with the same Session and name are the same lock. NewMutex
-// writes nothing to etcd and never fails: a nil Session or the empty name
-// makes every context method return an error (ErrInvalidArgument,
-// ErrInvalidName), TryLock return false, and Lock panic.
+// NewMutex returns a handle on the lock called name, with the lease of s;
+// handles with the same Session and name are the same lock. It writes nothing
+// and never fails: a nil Session or the empty name makes the calls fail.
 func NewMutex(s *Session, name string) *Mutex {
 	pfx := name + "/"
 	return &Mutex{s: s, name: name, rule: queue.Lock(pfx, pfx)}
@@ -65,67 +46,28 @@ func (m *Mutex) check(ctx context.Context) error {
 	return validate(m.s != nil, m.name, ctx)
 }
 
-// Lock takes the lock, blocking until it is held. It retries what can be
-// retried (etcd unreachable, a malformed reply) for as long as the Session
-// lives (WithRenewal, also across a lost lease: it waits for the next). It
-// panics only where the lock can never be taken: a closed Session, or one
-// without WithRenewal whose lease is gone, the empty name, a nil Session; or
-// where the calling goroutine holds the lock already and that hold is known
-// lost (ErrLockLost: unlock it first). It never returns as if it held a
-// lost hold. Use LockContext to get those as errors, or to bound the wait.
+// Lock takes the lock, blocking until it is held; it panics where the lock
+// can never be taken.
 func (m *Mutex) Lock() { lockBlocking("Lock", m.Name(), m.session(), m.LockContext) }
 
-// Unlock ends one hold of the calling goroutine. Like sync.Mutex.Unlock, it
-// panics if the goroutine holds nothing; use UnlockContext to get
-// ErrNotHeld instead. Other failures are not reported: the hold ends all the
-// same, and the key is deleted in the background or expires with the lease.
+// Unlock ends one hold of the calling goroutine, as UnlockContext does, and
+// panics if it holds none.
 func (m *Mutex) Unlock() { unlockOrPanic("Unlock", m.Name(), m.UnlockContext) }
 
-// TryLock takes the lock if it can without waiting for another holder, and
-// reports whether it did. It returns false at once when another goroutine or
-// process holds the lock, and writes nothing to etcd then. It also returns
-// false when it cannot succeed for any other reason (invalid name, closed
-// Session, no lease WithRenewal, etcd unreachable); it never panics.
-//
-// Where etcd does not answer, TryLock gives up after 2 s, and may take up to
-// 1 s more to make sure that it left no key: about 3 s in all. For a bound
-// of your own, use TryLockFor(ctx, 0) with a deadline on ctx: it returns by
-// that deadline + 1 s.
+// TryLock takes the lock if no other goroutine or process holds or waits for
+// it, and reports whether it did.
 func (m *Mutex) TryLock() bool { return tryOnce(m.acquire) }
 
-// LockContext takes the lock, waiting until it is held or ctx ends. On
-// success it returns nil. On failure it returns ctx.Err() if ctx ended,
-// ErrSessionExpired if the Session ended (or, WithRenewal, the lease the
-// call used is gone), ErrLockLost if the calling goroutine holds the lock
-// already but that hold is known lost (its Done closed, or its lease is
-// gone: nothing changes, unlock it first), or etcd's error, every time etcd
-// refuses (permission denied, say); it then leaves no key of its own in
-// etcd, where etcd is reachable, including when ctx ends after etcd applied
-// the request but before the reply came back. Where etcd is unreachable,
-// the delete is retried in the background until it succeeds or its lease
-// ends (whose revoke or expiry deletes the key).
+// LockContext takes the lock, waiting until it is held or ctx ends; on
+// failure it leaves no key, and returns the errors of the package doc.
 func (m *Mutex) LockContext(ctx context.Context) error {
 	_, err := m.acquire(ctx, waitForever)
 	return err
 }
 
-// TryLockFor takes the lock, waiting at most wait for the holder to leave
-// (wait <= 0: only try). The wait counts only the time spent waiting for
-// others (another goroutine of this process, then the keys ahead in etcd),
-// not etcd's answers, which ctx bounds. It returns (true, nil) when held;
-// (false, nil) when the wait ran out, which means that another goroutine or
-// process held or waited ahead; (false, err) on failure, with ctx.Err() when ctx ended
-// first, and the errors of LockContext. WithRenewal, while no lease is to
-// be had it waits for one within wait, and returns ErrSessionExpired if none
-// came (at once for a try). While the delete of an earlier key of this
-// process (a failed acquisition's, an unlock's) is retried in the
-// background because etcd did not confirm it, the lock's turn in this
-// process waits for it: a try, or a wait that runs out meanwhile, returns
-// an error that says so, since etcd may or may not still have that key. A try that fails because another holder has the lock writes nothing
-// to etcd; like LockContext, every call that returns without the lock leaves
-// no key of its own behind. Where etcd does not answer, even a try
-// (wait <= 0) waits for it until ctx ends: put a deadline on ctx to bound
-// it; the call returns by that deadline + 1 s.
+// TryLockFor takes the lock, waiting at most wait. While the delete of an
+// earlier key of the Session is retried in the background, a try, or a wait
+// that runs out, returns an error saying so, not (false, nil).
 func (m *Mutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {
 	return m.acquire(ctx, max(wait, tryOnly))
 }
@@ -178,15 +120,8 @@ func (m *Mutex) ticket(tm *leaseTerm) *ticket {
 	return m.s.newTicket(tm, m.name, KindMutex, m.rule, fmt.Sprintf("%s/%x", m.name, tm.id), m.s.identity)
 }
 
-// UnlockContext ends one hold of the calling goroutine. It returns
-// ErrNotHeld, and changes nothing, if the goroutine holds none. When the
-// last hold ends it deletes the lock's key, fenced on the key's create
-// revision so that it can never delete a later hold, on a context
-// detached from ctx and bounded by 3 s. If etcd does not confirm the
-// delete, UnlockContext returns that error and the delete is retried in the
-// background until it succeeds or its lease ends (whose revoke or expiry deletes the key). It returns ErrLockLost
-// (or ErrSessionExpired) if the key was already gone: the hold ends all the
-// same.
+// UnlockContext ends one hold of the calling goroutine, or of the Do scope
+// ctx carries; the last one deletes the key.
 func (m *Mutex) UnlockContext(ctx context.Context) error {
 	if err := m.check(ctx); err != nil {
 		return err
@@ -205,8 +140,7 @@ func (m *Mutex) UnlockContext(ctx context.Context) error {
 	return h.unlock(ctx, st.passTurn)
 }
 
-// HoldCount returns the number of holds of the calling goroutine: 0 when it
-// does not hold the lock.
+// HoldCount returns the number of holds of the calling goroutine.
 func (m *Mutex) HoldCount() int {
 	if st := m.lookup(); st != nil {
 		return st.holdCount()
@@ -214,11 +148,8 @@ func (m *Mutex) HoldCount() int {
 	return 0
 }
 
-// Held returns the calling goroutine's hold as one snapshot (name, key,
-// token, lease, loss signal), read at one moment, so that it cannot
-// straddle a hand-off as four calls to Key, Token, IsOwner and Done can; and
-// false when the goroutine holds nothing. A goroutine that holds through a
-// Do scope gets its hold from HoldFrom(ctx).
+// Held returns the calling goroutine's hold, and false if it holds none; the
+// other goroutines of a Do scope get it from HoldFrom.
 func (m *Mutex) Held() (Hold, bool) {
 	if st := m.lookup(); st != nil {
 		if h := st.mine(); h != nil {
@@ -228,8 +159,9 @@ func (m *Mutex) Held() (Hold, bool) {
 	return Hold{}, false
 }
 
-// Key returns this process's etcd key for the lock while the process holds
-// it, whichever goroutine asks, and "" otherwise.
+// Key returns the key of the Session's hold, whichever goroutine asks, or "".
+// While a MultiMutex of the Session holds the name, Key, Token, IsOwner and
+// Done describe its hold, and Key is its first name's key.
 func (m *Mutex) Key() string {
 	if h := m.current(); h != nil {
 		return h.t.Key()
@@ -237,11 +169,8 @@ func (m *Mutex) Key() string {
 	return ""
 }
 
-// Token returns the fencing token of this process's current hold, whichever
-// goroutine asks, and 0 when the process does not hold the lock. The token
-// is the create revision of the owner key: it strictly increases from one
-// owner to the next, across processes, so a resource that remembers the
-// highest token it has seen can reject a stale holder's writes.
+// Token returns the fencing token of the Session's hold, whichever goroutine
+// asks, or 0.
 func (m *Mutex) Token() int64 {
 	if h := m.current(); h != nil {
 		return h.token()
@@ -249,11 +178,8 @@ func (m *Mutex) Token() int64 {
 	return 0
 }
 
-// IsOwner returns a comparison for a clientv3 Txn that is true only while
-// this process's current hold is the owner of the lock: a Txn guarded by it
-// fails once the hold has ended or been lost, even if this process locks
-// again later. When nothing is held it returns a comparison that is always
-// false.
+// IsOwner returns a comparison for a clientv3 Txn that is true only while the
+// Session's hold lasts, whichever goroutine asks.
 func (m *Mutex) IsOwner() clientv3.Cmp {
 	if h := m.current(); h != nil {
 		return ownerCmp(h.t.Key(), h.token())
@@ -261,26 +187,9 @@ func (m *Mutex) IsOwner() clientv3.Cmp {
 	return ownerCmp("", 0)
 }
 
-// Done returns a channel that is closed when this process's current hold
-// ends or is lost, whichever goroutine asks. It is already closed when
-// nothing is held. Each new hold gets a new channel, which stays open through
-// re-locks and non-final unlocks and closes on the last unlock.
-//
-// While the lock is held, the channel closes:
-//   - within about 100 ms of our key being deleted, by anyone, or of the
-//     lease being revoked (which deletes the key);
-//   - two thirds of the TTL after the last keep-alive that etcd
-//     acknowledged was sent: a third of the TTL, at least, before etcd can
-//     expire the lease, however late its reply came. Keep-alives are sent
-//     every TTL/4, so it never closes while etcd answers them within 5/12
-//     of the TTL;
-//   - when the Session ends.
-//
-// A closed channel means: stop touching the guarded resource. It does not
-// release the lock: call Unlock as usual; a lock by the holding goroutine
-// meanwhile returns ErrLockLost. Watching costs one etcd watch and three
-// goroutines per hold (the monitor, the watch's reader, and clientv3's),
-// started on the first call to Done.
+// Done returns the loss signal of the Session's hold, whichever goroutine
+// asks: closed within about 100 ms of its key's delete or lease's revoke, and
+// at least TTL/3 before etcd can expire the lease. It does not unlock.
 func (m *Mutex) Done() <-chan struct{} {
 	if h := m.current(); h != nil {
 		return h.lost()
