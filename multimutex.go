@@ -12,31 +12,11 @@ import (
 )
 
 // A MultiMutex is several locks taken together, and a sync.Locker: it holds
-// when it holds every one of its names, and takes none of them while it
-// waits.
-//
-// Its keys are its names' Mutex keys (name/<lease ID in hex>), all put by
-// one etcd Txn, so that they share one create revision, the token: a Mutex,
-// concurrency.Mutex or etcdctl lock on any one of the names excludes it and
-// is excluded by it. In each name's queue a key waits only for older keys,
-// and the keys of one acquisition are as old as each other: MultiMutexes
-// that share names never wait for each other in a cycle, whatever order
-// their names were given in, and need no timeout to get out of one. (A
-// holder of one lock that waits for another, lock by lock, can still wait
-// in a cycle with anyone: what a MultiMutex is for.)
-//
-// Holds are per goroutine and reentrant, as a Mutex's: the holding goroutine
-// may lock again, through this handle or another with the same Session and
-// names, and needs one unlock per lock. A goroutine that holds one of the
-// names another way (a Mutex, a Do scope, another MultiMutex) gets
-// ErrWouldDeadlock, as a holder of the MultiMutex does from a Mutex of one
-// of its names: it would hold one lock while it waits for another.
-//
-// Like a Mutex, it cannot promise mutual exclusion to a resource outside
-// etcd on its own: guard such resources with Token, or watch Done.
-//
-// The zero MultiMutex is not usable; make one with NewMultiMutex. Its
-// methods are safe for use by many goroutines.
+// every one of its names, or none. Its keys are its names' Mutex keys, put by
+// one Txn at one revision (the token): it excludes and is excluded by a Mutex
+// of any of its names. MultiMutexes that share names never wait for each
+// other in a cycle, whatever the order of their names (docs/design.md §10).
+// A goroutine that holds one of its names another way gets ErrWouldDeadlock.
 type MultiMutex struct {
 	s     *Session
 	names []string      // sorted, distinct
@@ -44,12 +24,8 @@ type MultiMutex struct {
 	group string        // the names, joined: the mark of its holds in their records
 }
 
-// NewMultiMutex returns a handle on the locks called names, taken together
-// with the lease of s. Names may come in any order, and more than once;
-// handles with the same Session and the same names are the same lock.
-// NewMultiMutex writes nothing to etcd and never fails: a nil Session or no
-// names make every context method return ErrInvalidArgument, and an empty
-// name ErrInvalidName; TryLock then returns false, and Lock panics.
+// NewMultiMutex returns a handle on the locks called names, in any order, as
+// NewMutex does.
 func NewMultiMutex(s *Session, names ...string) *MultiMutex {
 	names = slices.Compact(slices.Sorted(slices.Values(names)))
 	m := &MultiMutex{s: s, names: names, group: strings.Join(names, "\x00")}
@@ -98,49 +74,25 @@ func (m *MultiMutex) session() *Session {
 	return m.s
 }
 
-// LockContext takes every lock, waiting until all are held or ctx ends. On
-// success it returns nil. On failure it returns ctx.Err() if ctx ended,
-// ErrSessionExpired if the Session ended, ErrWouldDeadlock if the calling
-// goroutine holds one of the names another way, or etcd's error; it then
-// leaves no key of its own in any of the queues, where etcd is reachable,
-// including when ctx ends after etcd applied the request but before the
-// reply came back. Where etcd is unreachable, the delete is retried in the
-// background until it succeeds or its lease ends (whose revoke or expiry deletes the key).
+// LockContext takes every lock, as Mutex.LockContext does.
 func (m *MultiMutex) LockContext(ctx context.Context) error {
 	_, err := m.acquire(ctx, waitForever)
 	return err
 }
 
-// TryLockFor takes every lock, waiting at most wait for the holders to leave
-// (wait <= 0: only try), counted as Mutex.TryLockFor counts it. It returns
-// (true, nil) when all are held; (false, nil) when the wait ran out while
-// others held or waited ahead; (false, err) on failure, as LockContext. A try
-// that fails because a name is held writes nothing to etcd; every call that
-// returns without the locks leaves no key of its own behind.
+// TryLockFor takes every lock, as Mutex.TryLockFor does.
 func (m *MultiMutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {
 	return m.acquire(ctx, max(wait, tryOnly))
 }
 
-// TryLock takes every lock if it can without waiting for another holder, and
-// reports whether it did. It returns false at once when another goroutine or
-// process holds (or waits for) any of the names, and writes nothing to etcd
-// then. It also returns false when it cannot succeed for any other reason
-// (etcd unreachable for 2 s, bad input, closed Session); it never panics.
+// TryLock takes every lock if nobody holds or waits for any of the names,
+// as Mutex.TryLock does.
 func (m *MultiMutex) TryLock() bool { return tryOnce(m.acquire) }
 
-// Lock takes every lock, blocking until all are held. It retries what can
-// be retried (etcd unreachable, a malformed reply) for as long as the
-// Session lives. It panics only where the locks can never be taken: an
-// expired or closed Session, bad input, or a goroutine that holds one of
-// the names another way. Use LockContext to get those as errors, or to
-// bound the wait.
+// Lock takes every lock, as Mutex.Lock does.
 func (m *MultiMutex) Lock() { lockBlocking("Lock", m.label(), m.session(), m.LockContext) }
 
-// Unlock ends one hold of the calling goroutine. Like sync.Mutex.Unlock, it
-// panics if the goroutine holds nothing; use UnlockContext to get
-// ErrNotHeld instead. Other failures are not reported: the hold ends all
-// the same, and the keys are deleted in the background or expire with the
-// lease.
+// Unlock ends one hold of the calling goroutine, as Mutex.Unlock does.
 func (m *MultiMutex) Unlock() { unlockOrPanic("Unlock", m.label(), m.UnlockContext) }
 
 // acquire takes one hold for the calling goroutine, waiting as wait says:
@@ -197,15 +149,9 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 	return err == nil, err
 }
 
-// UnlockContext ends one hold of the calling goroutine. It returns
-// ErrNotHeld, and changes nothing, if the goroutine holds none. When the
-// last hold ends it deletes every key in one Txn, fenced on their create
-// revision so that it can never delete a later hold, on a context
-// detached from ctx and bounded by 3 s. If etcd does not confirm the
-// delete, UnlockContext returns that error and the delete is retried in the
-// background until it succeeds or its lease ends (whose revoke or expiry deletes the key). It returns ErrLockLost
-// (or ErrSessionExpired) if a key was already gone, after it deleted the
-// others: the hold ends all the same.
+// UnlockContext ends one hold, as Mutex.UnlockContext does; the last one
+// deletes every key in one Txn, and if a key was gone, deletes the others and
+// returns ErrLockLost.
 func (m *MultiMutex) UnlockContext(ctx context.Context) error {
 	if err := m.check(ctx); err != nil {
 		return err
@@ -234,9 +180,7 @@ func (m *MultiMutex) UnlockContext(ctx context.Context) error {
 	})
 }
 
-// Held returns the calling goroutine's hold, as one snapshot: Name is the
-// names joined by commas, Keys gives a key per name, all at the one Token.
-// It returns false when the goroutine holds nothing.
+// Held returns the calling goroutine's hold, and false if it holds none.
 func (m *MultiMutex) Held() (Hold, bool) {
 	if h := m.current(true); h != nil {
 		return h.snapshot(m.label()), true
@@ -244,11 +188,8 @@ func (m *MultiMutex) Held() (Hold, bool) {
 	return Hold{}, false
 }
 
-// Token returns the fencing token of this process's current hold, whichever
-// goroutine asks (as a Mutex's): the create revision that every key of the
-// hold shares, the token each name's Mutex would report; 0 when nothing is
-// held. It strictly increases from one holder of a name to the next, across
-// processes.
+// Token returns the fencing token of the Session's hold, whichever goroutine
+// asks, or 0: the create revision of every key of it.
 func (m *MultiMutex) Token() int64 {
 	if h := m.current(false); h != nil {
 		return h.token()
@@ -256,14 +197,8 @@ func (m *MultiMutex) Token() int64 {
 	return 0
 }
 
-// Done returns a channel that is closed when this process's current hold
-// ends or is lost, whichever goroutine asks: when any of its keys is deleted
-// (by anyone) or the lease is lost, as Mutex.Done describes. It is already
-// closed when nothing is held. Each new hold gets a new channel, which stays
-// open through re-locks and non-final unlocks; a lock by the holding
-// goroutine once it closed returns ErrLockLost. Watching costs one etcd
-// watch per name and 1 + 2 × names goroutines per hold, started on the
-// first call.
+// Done returns the loss signal of the Session's hold, as Mutex.Done does; it
+// closes when any of its keys is lost.
 func (m *MultiMutex) Done() <-chan struct{} {
 	if h := m.current(false); h != nil {
 		return h.lost()
