@@ -8,42 +8,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Lead runs f whenever this process leads name, until ctx ends: the
-// primary/backup duty of a long-running service.
-//
-// It campaigns in FIFO order on the Mutex queue of name (so Inspect,
-// etcdlock holders, concurrency.Mutex and etcdctl lock see the leader), runs
-// f as Mutex.Do does while it leads, and after f returns campaigns again.
-// f's context is cancelled when ctx ends or the lead is lost or about to be
-// (our key deleted, the lease revoked or expired, keep-alives silent for 2/3
-// of the TTL): f must then return promptly. Lead never releases the lock
-// while f runs, so two processes' f never run while both their keys are the
-// oldest, and a process's f stops before the lease can expire.
-//
-// f returning nil, or returning after its context was cancelled by a loss,
-// is not a failure: Lead releases the lock (if still held) and campaigns
-// again, on a new Session when the old lease is gone. It pauses before each
-// new campaign, so that an f that returns at once does not make Lead spin
-// against etcd: 50 ms, doubling to 1 s while terms keep ending within 1 s of
-// their campaign, and 50 ms again after a longer one.
-//
-// Lead returns ctx.Err() when ctx ends, or f's error when f fails for a
-// reason other than the loss of the lock. If f panics, Lead releases the
-// lock, closes its Session and panics again. The Session it made is closed
-// on every way out.
-//
-// A Session that cannot be made (etcd unreachable, say) is tried again with
-// backoff (50 ms doubling to 1 s); each failure is reported to the
-// observers of WithObserver and WithLogger as a SessionFailed event, from
-// Lead's own goroutine (there is no Session to deliver it). Campaigns that
-// fail on a Session are reported as every acquisition is.
-//
-// The options are those of NewSession (WithTTL, WithIdentity, ...), except
-// two that Lead refuses with ErrInvalidArgument, before it runs f: WithLease,
-// since Lead makes a new Session on a new lease when the lease is gone and
-// a lease of the caller's is gone after one term; and WithContext, since
-// the end of that context would revoke the lease while f still runs (end
-// ctx instead: Lead waits for f).
+// Lead runs f whenever this process leads name, until ctx ends: it
+// campaigns on the Mutex queue of name (which LeaderOf reads), runs f as
+// Mutex.Do does, and campaigns again when f returns, after a pause
+// (docs/design.md §6). f's context is cancelled before the lease can expire,
+// and Lead never releases the lock while f runs: two processes' f never run
+// while both their keys are the oldest. Lead returns ctx.Err() when ctx ends,
+// or f's error when f fails for another reason than a loss. If f panics, it
+// releases the lock and panics again. It closes its Session (made with opts,
+// WithRenewal) on every way out, and refuses WithLease and WithContext
+// (ErrInvalidArgument): end ctx instead. Failures are retried with backoff,
+// and reported to the observers.
 func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx context.Context) error, opts ...SessionOption) error {
 	switch {
 	case ctx == nil:
@@ -92,20 +67,9 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 	}
 }
 
-// Lead runs f whenever this process leads name, until ctx ends, as the
-// function Lead does, but on s: its lease, identity, logger and observers,
-// shared with the process's other locks. A Session made WithRenewal
-// outlives its leases: when one is lost, f's context is cancelled and Lead
-// campaigns again on the next. On a Session without WithRenewal, Lead
-// returns ErrSessionExpired once the lease is gone.
-//
-// Lead returns ctx.Err() when ctx ends, f's error when f fails for a reason
-// other than the loss of the lock, ErrSessionExpired when s has ended, and
-// ErrInvalidArgument or ErrInvalidName for bad input. Failed campaigns
-// (etcd unreachable) are retried with backoff, and reported to the
-// observers as every acquisition is; terms are paced as the function Lead
-// paces them. It does not close s. If f panics, Lead releases the lock and
-// panics again.
+// Lead runs f whenever this process leads name, as the function Lead does,
+// but on s. It does not close s, and returns ErrSessionExpired once s has
+// ended (without WithRenewal, when its lease is gone).
 func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
 	if err := validate(s != nil, name, ctx); err != nil {
 		return err

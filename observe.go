@@ -14,21 +14,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// An Observer receives what happens to the locks of a Session: acquisitions
-// and how they end, holds and how long they last, losses and why, releases,
-// and the keep-alive's round trips and margin. WithObserver and WithLogger
-// set observers; package etcdlock/prometheus turns events into metrics.
-//
-// Events are delivered in order, one at a time, by a goroutine of the
-// Session, never on the lock's own path: a slow Observer delays only the
-// events after it. Up to 1,024 events wait for it; beyond that, events are
-// dropped and counted, and an EventsDropped event says how many before the
-// next one. Delivery stops when the Session is closed (Close, or the end of
-// its WithContext context), after the events already queued; Close waits
-// for that, except when an Observer calls it: Observe may call Close (on a
-// lost hold, say), which then returns without waiting for the delivery
-// goroutine, that is for itself; the events still queued, and
-// SessionClosed, follow once Observe returns.
+// An Observer receives the Events of a Session, in order, one at a time,
+// from a goroutine of the Session, never on a lock's path: a slow Observer
+// delays only later events, and past 1,024 waiting events some are dropped
+// (EventsDropped). Close delivers those queued, then SessionClosed; Observe
+// may call Close, which then returns without waiting (docs/observability.md).
 type Observer interface {
 	Observe(Event)
 }
@@ -46,7 +36,7 @@ type EventKind string
 const (
 	AcquireStarted EventKind = "acquire_started" // a lock call goes to etcd, or waits for a goroutine of this process
 	AcquireEnded   EventKind = "acquire_ended"   // it ended: Outcome, Wait, Contended, Token
-	HoldEnded      EventKind = "hold_ended"      // the last unlock (or a permit's release): Held
+	HoldEnded      EventKind = "hold_ended"      // the last unlock (or a permit's release): HeldFor
 	HoldLost       EventKind = "hold_lost"       // Done closed while held: Reason
 	Released       EventKind = "released"        // the release's delete: Err, FencedMiss
 	KeptAlive      EventKind = "kept_alive"      // a keep-alive round trip: RTT, Margin, TTL, Err
@@ -79,9 +69,8 @@ const (
 	LossSessionClosed   LossReason = "session_closed"   // Close was called, or the WithContext context ended
 )
 
-// An Event is one thing that happened to a lock of a Session, or to the
-// Session's lease (KeptAlive, with no lock). Fields that do not apply to
-// its Kind are zero.
+// An Event is one thing that happened to a lock of a Session, or to its
+// lease; fields that do not apply to its Kind are zero.
 type Event struct {
 	Kind      EventKind
 	Time      time.Time        // when it happened
@@ -92,27 +81,21 @@ type Event struct {
 	Key       string           // our key, once known; a MultiMutex's first (the others: its other names', same lease and token)
 	Token     int64            // the hold's fencing token, once known
 
-	Outcome   Outcome       // AcquireEnded
-	Contended bool          // AcquireEnded: it had to wait for another holder
-	Wait      time.Duration // AcquireEnded: from the call to its end
-	HeldFor   time.Duration // HoldEnded: from the acquisition to the release
-	Reason    LossReason    // HoldLost
-	Err       error         // AcquireEnded with OutcomeError, Released, KeptAlive
-	// FencedMiss: Released found the key already gone (ErrLockLost or
-	// ErrSessionExpired): the hold had been lost.
-	FencedMiss bool
+	Outcome    Outcome       // AcquireEnded
+	Contended  bool          // AcquireEnded: it had to wait for another holder
+	Wait       time.Duration // AcquireEnded: from the call to its end
+	HeldFor    time.Duration // HoldEnded: from the acquisition to the release
+	Reason     LossReason    // HoldLost
+	Err        error         // AcquireEnded with OutcomeError, Released, KeptAlive
+	FencedMiss bool          // Released: the key was already gone (ErrLockLost or ErrSessionExpired)
 	RTT        time.Duration // KeptAlive: the renewal's round trip
-	// Margin: KeptAlive: how long the lease still had before it could
-	// expire when the renewal was answered (or gave up), counted from when
-	// the last renewal acknowledged before it was sent (the clock Done
-	// counts from). It shrinks when renewals are slow or lost.
-	Margin  time.Duration
-	TTL     time.Duration // KeptAlive: the lease's TTL, which Margin counts down from
-	Dropped int           // EventsDropped
+	Margin     time.Duration // KeptAlive: how long the lease still had when the renewal was answered or gave up (docs/observability.md)
+	TTL        time.Duration // KeptAlive: the lease's TTL, which Margin counts down from
+	Dropped    int           // EventsDropped
 }
 
-// WithObserver adds o to the Session's observers (see Observer). The default
-// is none, which costs the lock path nothing but a nil check.
+// WithObserver adds o to the Session's observers; package
+// etcdlock/prometheus makes metrics of them.
 func WithObserver(o Observer) SessionOption {
 	return sessionOptionFunc(func(so *sessionOptions) {
 		if o == nil {
@@ -123,10 +106,8 @@ func WithObserver(o Observer) SessionOption {
 	})
 }
 
-// WithLogger logs the Session's events to l: losses and failed releases at
-// Warn or Error, acquisitions, holds and keep-alives at Debug, each with the
-// lock's name, key and token as attributes. Nothing is logged by default.
-// No value of a key (identities) is logged.
+// WithLogger logs the Session's events to l (losses and failures at Warn or
+// Error, the rest at Debug), without the keys' values (identities).
 func WithLogger(l *slog.Logger) SessionOption {
 	return sessionOptionFunc(func(so *sessionOptions) {
 		if l == nil {

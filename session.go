@@ -18,14 +18,10 @@ const (
 	setupTimeout = 5 * time.Second
 )
 
-// A Session is one etcd lease, kept alive in the background, shared by every
-// Mutex, RWMutex and Semaphore made with it. When the process dies the lease expires and etcd
-// deletes every key attached to it, so a crashed holder never blocks others
-// for longer than the TTL. A Session ends with its lease, unless it is made
-// WithRenewal: it then goes on with a new lease after each loss.
-//
-// A Session is safe for use by many goroutines. Close it when done; a Session
-// that is not closed keeps its lease alive until its client is closed.
+// A Session is one etcd lease, kept alive in the background and shared by
+// every lock made with it: when the process dies, etcd deletes its keys
+// within the TTL. It ends with its lease, unless made WithRenewal. Close it
+// when done.
 type Session struct {
 	client      *clientv3.Client
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
@@ -89,12 +85,9 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 	}
 }
 
-// WithTTL sets the lease TTL, rounded up to whole seconds. The default is
-// DefaultTTL (60 s). etcd may raise a TTL below its minimum (1.5 × the
-// election timeout). A ttl <= 0 makes NewSession return ErrInvalidArgument.
-//
-// The TTL bounds how long the lock stays taken after this process dies or is
-// cut off, and how long a holder keeps believing it holds a lock it has lost.
+// WithTTL sets the lease TTL, rounded up to whole seconds (etcd may raise
+// it): how long the lock stays taken after this process dies or is cut off,
+// and how long a holder may believe it holds a lock it has lost.
 func WithTTL(ttl time.Duration) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if ttl <= 0 {
@@ -105,11 +98,9 @@ func WithTTL(ttl time.Duration) SessionOption {
 	})
 }
 
-// WithLease makes the Session adopt an existing lease instead of granting a
-// new one, for example to take back, after a restart, a lock whose key is
-// still attached to that lease. NewSession fails with ErrSessionExpired if
-// the lease no longer exists. Two live Sessions on one lease are one holder
-// to etcd: do not share a lease between processes.
+// WithLease makes the Session adopt an existing lease, to take back after a
+// restart a lock whose key is still attached to it (ErrSessionExpired if it
+// is gone). Never share a lease between processes: etcd sees one holder.
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if id <= 0 {
@@ -120,10 +111,8 @@ func WithLease(id clientv3.LeaseID) SessionOption {
 	})
 }
 
-// WithContext ties the Session to ctx: NewSession's RPCs use it, and
-// cancelling it ends the Session as Close does, revoking the lease (on a
-// detached, bounded context) so that its locks are released at once. The
-// default is a Session that lives until Close or until its lease is lost.
+// WithContext ties the Session to ctx: NewSession's RPCs use it, and its
+// end ends the Session as Close does.
 func WithContext(ctx context.Context) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if ctx == nil {
@@ -134,18 +123,10 @@ func WithContext(ctx context.Context) SessionOption {
 	})
 }
 
-// WithLocalHandoff lets a lock pass straight from one goroutine of this
-// process to the next one waiting for it, without going through etcd, at
-// most n times in a row. The default, 0, is no hand-off: every last unlock
-// deletes the key and every first lock puts one. n < 0 makes NewSession
-// return ErrInvalidArgument.
-//
-// A hand-off keeps the etcd key, and so the fencing token: Token and IsOwner
-// describe the process's hold, which goes on, and a resource fenced on
-// tokens cannot tell the goroutines apart (this process still runs them one
-// at a time). After n hand-offs in a row the next last unlock releases the
-// key, so waiters in other processes are not starved: they get the lock
-// after at most n+1 local holds.
+// WithLocalHandoff lets a lock pass to the Session's next waiting goroutine
+// without etcd, at most n times in a row (default 0): other processes wait
+// for at most n+1 local holds. The key and token go on, so a resource fenced
+// on tokens cannot tell those goroutines apart.
 func WithLocalHandoff(n int) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if n < 0 {
@@ -156,40 +137,28 @@ func WithLocalHandoff(n int) SessionOption {
 	})
 }
 
-// WithIdentity sets the value of every key the Session puts in etcd: who
-// holds or waits, for Inspect, etcdlock holders and anyone reading the keys
-// with etcdctl. The default is "", as concurrency.Mutex and etcdctl lock
-// write. Use something that names the process (host, pid, job); it is
-// stored in clear, so put no secret in it.
+// WithIdentity sets the value of every key the Session puts (default ""),
+// which Inspect shows: name the process, and put no secret in it.
 func WithIdentity(id string) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.identity = id })
 }
 
 // WithRenewal makes a Session that outlives its leases, for a long-running
-// service: when its lease is lost (revoked, expired, or keep-alives
-// unacknowledged for a whole TTL, after a partition say), every hold on it
-// is lost as without WithRenewal (its Done closes, before the lease can
-// expire, with its reason), and the Session then revokes what may be left of
-// the old lease and grants a new one in the background, with backoff, until
-// it has one or ends. Later acquisitions use the new lease: their keys carry
-// it. Meanwhile Lock blocks until it can try again, TryLock returns false,
-// and the context methods wait for the new lease (bounded by their context,
-// and TryLockFor's wait), or return ErrSessionExpired where they were under
-// way on the lost lease or, for a try, where no lease is to be had yet.
-// Each new lease is reported to the observers (LeaseRenewed), each failed
-// grant too (SessionFailed).
-//
-// Done then closes only at Close or at the end of the WithContext context,
-// and ErrSessionExpired means "that lease is gone", not "the Session is":
-// call again.
+// service. When its lease is lost, every hold on it is lost as without
+// WithRenewal (its Done closes before the lease can expire), and the Session
+// revokes the old lease and grants a new one in the background, with backoff
+// (docs/design.md §9). Meanwhile Lock blocks, TryLock returns false, and the
+// context methods wait for the new lease (bounded by ctx and TryLockFor's
+// wait), or return ErrSessionExpired where they were under way on the lost
+// lease or none came (at once for a try). Its Done closes only at Close, the
+// end of the WithContext context, or when the client is closed.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
 
 // NewSession grants a lease on client (or adopts one, WithLease) and keeps
-// it alive in the background. It returns an error, and leaves no lease
-// behind, if client is nil, an option is invalid, or etcd does not answer
-// within 5 s (or the WithContext context's deadline, if earlier).
+// it alive. It returns an error, and leaves no lease behind, if an argument
+// is invalid or etcd does not answer within 5 s (or WithContext's deadline).
 func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	return newSession(context.Background(), client, opts...)
 }
@@ -268,26 +237,13 @@ func options(opts []SessionOption) sessionOptions {
 	return o
 }
 
-// Close ends the Session: it stops the keep-alive, revokes the lease (which
-// deletes the keys of every lock held or awaited with this Session) and
-// waits for the Session's background work to stop. It returns within 5 s
-// even when etcd is unreachable, plus the time its observers take over the
-// events still queued (Close delivers them, then SessionClosed); the lease
-// then expires on its own within the TTL, and Close returns the revoke's
-// error. Close returns nil if the lease was already gone (it expired during
-// a partition, say, and etcd says so), and an error if the client was
-// closed first. It is safe to call more than once, from any goroutine;
-// later calls return the first call's result. When the WithContext context
-// was cancelled first, that cancel has already revoked the lease, and Close
-// returns its result without asking etcd again.
-//
-// An Observer may call Close from inside Observe (to shut the Session down
-// on a lost hold, say), also while another Close is under way. That call
-// returns within 5 s too: it does not wait for the delivery of the events
-// still queued, which goes on once Observe returns and ends with
-// SessionClosed.
-//
-// After Close, every lock call on the Session returns ErrSessionExpired.
+// Close ends the Session: it revokes the lease, which deletes the keys of
+// every lock held or awaited with it. It returns within 5 s even when etcd
+// is unreachable (the lease then expires within the TTL), plus the time the
+// observers take over the events queued (see Observer). It returns the
+// revoke's error: nil if the lease was already gone, an error if the client
+// was closed first; later calls return the same. Then every lock call
+// returns ErrSessionExpired.
 func (s *Session) Close() error {
 	s.end(func(tm *leaseTerm) error {
 		if s.stopRevoke != nil && !s.stopRevoke() {
@@ -324,17 +280,11 @@ func (s *Session) stop() *leaseTerm {
 	return tm
 }
 
-// Done returns a channel that is closed when the Session ends: Close was
-// called, the WithContext context was cancelled, or the client was closed;
-// and, without WithRenewal, its lease was revoked or expired, or a whole TTL
-// passed since the last keep-alive that etcd acknowledged was sent. A revoke
-// by anyone is seen within about TTL/4 + a round trip, at the next
-// keep-alive. A Session made WithRenewal outlives its leases: its Done
-// closes only at Close, at the end of the WithContext context, or when its
-// client is closed.
-//
-// Done is no early warning: when it closes because etcd went quiet, the
-// server may already have expired the lease. Mutex.Done warns earlier.
+// Done returns a channel closed when the Session ends: Close, the end of the
+// WithContext context, its client closed; and without WithRenewal its lease
+// revoked (seen within about TTL/4 + a round trip) or expired, or a whole TTL
+// since the last acknowledged keep-alive was sent. It is no early warning: a
+// hold's Done closes earlier.
 func (s *Session) Done() <-chan struct{} {
 	if s.renews {
 		return s.life.Done()
@@ -342,17 +292,14 @@ func (s *Session) Done() <-chan struct{} {
 	return s.term.Load().ctx().Done()
 }
 
-// Lease returns the ID of the Session's lease: the lease in use, with which
-// every lock key taken now is put. WithRenewal, a later call may return a
-// later lease; the keys of a hold keep the lease of their acquisition
-// (Held.Lease). While the lease is lost and no new one is granted yet, it
-// returns the lost one.
+// Lease returns the lease in use, with which keys taken now are put (a hold
+// keeps its own: Hold.Lease); the lost one until WithRenewal grants the next.
 func (s *Session) Lease() clientv3.LeaseID { return s.term.Load().id }
 
 // Client returns the client the Session was made with.
 func (s *Session) Client() *clientv3.Client { return s.client }
 
-// TTL returns the TTL that etcd granted the lease in use, in whole seconds.
+// TTL returns the TTL that etcd granted the lease in use.
 func (s *Session) TTL() time.Duration { return s.term.Load().ttl }
 
 // ended reports whether the Session has ended: no lock can be taken with
