@@ -10,66 +10,48 @@ import (
 )
 
 var (
-	// ErrNotHeld is returned by the unlock methods of Mutex and RWMutex when
-	// the calling goroutine (or the Do scope of its context) holds no hold
-	// of that kind, and by Permit.Release for a nil or already released
-	// Permit. Nothing is changed, in this process or in etcd.
+	// ErrNotHeld is returned by an unlock when the calling goroutine (or the
+	// Do scope of its context) holds nothing of that kind, and by
+	// Permit.Release for a nil or released Permit. Nothing is changed.
 	ErrNotHeld = errors.New("etcdlock: unlock of a lock not held by this goroutine")
 
 	// ErrSessionExpired is returned by every lock call once the Session's
-	// lease is gone: revoked, expired, closed, its client closed, or its
-	// WithContext context cancelled. Without WithRenewal no lock can be
-	// taken with that Session again; make a new one. WithRenewal it means
-	// "the lease this call used, or would use, is gone": the Session goes on
-	// with a new lease, and a later call takes the lock on it; it ends only
-	// at Close, at the end of its WithContext context, or when its client is
-	// closed.
+	// lease is gone (revoked, expired, closed, its client closed, its
+	// WithContext context ended): make a new Session. WithRenewal it means
+	// "the lease this call used is gone": a later call takes the next one.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
 
-	// ErrInvalidName is returned by every context method of a Mutex,
-	// RWMutex or Semaphore made with the empty name, and by Lead and Inspect
-	// given one. Nothing is written to etcd.
+	// ErrInvalidName is returned for the empty name; nothing is written.
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
 
 	// ErrInvalidArgument is returned, wrapped with the detail, for a nil
-	// client, nil session, nil context, nil option, nil Observer or Logger,
-	// nil function (Do, Lead), a TTL or lease ID that is not positive, a negative hand-off
-	// count, a Semaphore limit below 1, or WithLease or WithContext given to
-	// Lead. Nothing is written to etcd.
+	// argument, a TTL or lease ID that is not positive, a negative hand-off
+	// count, a Semaphore limit below 1, no MultiMutex names, or WithLease or
+	// WithContext given to Lead; nothing is written.
 	ErrInvalidArgument = errors.New("etcdlock: invalid argument")
 
-	// ErrLockLost is returned by UnlockContext when the last hold ends but the
-	// lock's key was already gone from etcd (deleted by someone else, or its
-	// lease expired) while the Session itself is still alive: the critical
-	// section may not have been exclusive. The hold is ended all the same.
-	//
-	// It is also returned by the lock methods to a goroutine that locks
-	// again a lock whose hold it still has but that is known lost (its Done
-	// closed, or its lease is gone): the call changes nothing, and the
-	// goroutine ends the dead hold with its unlocks before it can lock again.
+	// ErrLockLost is returned by the unlock that ends a hold whose key was
+	// gone (deleted, or its lease expired) while the Session lives: the
+	// critical section may not have been exclusive. It is returned, changing
+	// nothing, to a goroutine that locks again a hold known lost (its Done
+	// closed, or its lease gone), and by Do when the hold was lost under f.
 	ErrLockLost = errors.New("etcdlock: lock lost")
 
-	// ErrWouldDeadlock is returned by RWMutex.LockContext and TryLockFor to
-	// a goroutine that holds a read lock of the same RWMutex: the write lock
-	// would wait for that read lock forever. It is returned by the context
-	// methods of a MultiMutex to a goroutine that holds one of its names
-	// another way (a Mutex, a Do scope, another MultiMutex), and by a
-	// Mutex's to a goroutine that holds its name through a MultiMutex: it
-	// would hold one lock while it waits for another. Nothing is changed.
+	// ErrWouldDeadlock is returned, changing nothing, to a goroutine that
+	// asks for what it would wait for itself: the write lock of an RWMutex
+	// whose read lock it holds, a MultiMutex one of whose names it holds
+	// another way (a Mutex, a Do scope, another MultiMutex), or a Mutex
+	// whose name it holds through a MultiMutex.
 	ErrWouldDeadlock = errors.New("etcdlock: lock asked by a goroutine that holds what it would wait for")
 
-	// ErrNoPermit is returned by Semaphore.TryAcquire when no permit came
-	// free within the wait. No key is left behind.
+	// ErrNoPermit is returned by Semaphore.TryAcquire when its wait ran out.
 	ErrNoPermit = errors.New("etcdlock: no permit free")
 
-	// ErrLimitMismatch is returned by Semaphore.Acquire and TryAcquire when
-	// another holder or waiter of the name uses a different limit (or the
-	// name's keys are not a Semaphore's). No key is left behind.
+	// ErrLimitMismatch is returned by Semaphore.Acquire and TryAcquire when a
+	// holder or waiter of the name has another limit (or is no Semaphore).
 	ErrLimitMismatch = errors.New("etcdlock: semaphore limit mismatch")
 
-	// ErrNoLeader is returned, wrapped with the lock's name, by LeaderOf
-	// when nobody holds the Mutex queue of the name: no Lead leads it, and
-	// no Mutex, concurrency.Mutex or etcdctl lock holds it.
+	// ErrNoLeader is returned, wrapped, by LeaderOf when nobody leads.
 	ErrNoLeader = errors.New("etcdlock: no leader")
 )
 

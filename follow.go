@@ -21,50 +21,22 @@ const (
 	followReadTimeout = 2 * time.Second
 )
 
-// Follow sends the queue of the lock called name, as Inspect reads and
-// orders it, now and after every change, until ctx ends; then it closes the
-// channel. Any kind of key Inspect reads is seen: Mutex, Lead, RWMutex,
-// Semaphore, concurrency.Mutex and Election, etcdctl lock, etcd's recipe
-// RWMutex. Keys of locks nested under the name are not.
-//
-// It reads the queue once, then watches the lock's prefix from the revision
-// of that read, so that no change in between is missed, and keeps the queue
-// from the watch's events. It never sends a queue older than one it sent,
-// and sends nothing when a change leaves the queue as it was (a nested
-// lock's key, a Semaphore's wake-up). A receiver that is busy when the
-// queue changes gets the newest queue when it next receives, not each one in
-// between: a queue that lasted less than that may never be seen. Each queue
-// sent is a new slice, the receiver's to keep.
-//
-// Faults cost time, never a wrong queue: when the watch fails, is cancelled
-// or its history was compacted, Follow reads again and watches from that
-// read; while etcd is unreachable, or a new watch is cancelled again, it
-// retries, 50 ms doubling to 1 s apart, each read bounded by 2 s; and it reads the queue again every 5 s, so that
-// a change whose watch event etcd lost (etcd #17529, #18089, #19179, #20221)
-// is sent at most 5 s late. Nothing is sent before the first read succeeds.
-// A watch on a member that has lost its raft leader is cancelled, and read
-// again elsewhere.
-//
-// Follow writes nothing to etcd; it costs one watch and a read every 5 s.
-// Its goroutine ends, and the channel is closed, when ctx ends or the client
-// is closed. Given a nil context, a nil client or the empty name, it returns
-// a closed channel and sends nothing: Inspect says what is wrong.
+// Follow sends the queue of the lock called name, as Inspect reads it, now
+// and after each change, until ctx ends or the client is closed; then it
+// closes the channel. It never sends a queue older than one it sent, nor an
+// unchanged one; a busy receiver gets the newest queue when it next
+// receives. Each slice is the receiver's. It writes nothing; a change whose
+// watch event etcd lost is sent at most 5 s late (docs/design.md §6). Given
+// bad input, it returns a closed channel: Inspect says what is wrong.
 func Follow(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
 	return follow(ctx, client, name, slices.Clone, slices.Equal)
 }
 
-// LeaderOf returns the holder of the Mutex queue of name: the leader of
-// Lead, or the holder of a Mutex, concurrency.Mutex or etcdctl lock, or the
-// leader of etcd's concurrency.Election (its Identity is then the
-// Election's value). It returns an error wrapping ErrNoLeader when nobody
-// holds that queue (an RWMutex's or Semaphore's holders lead nothing), and
-// Inspect's errors. It is one read, and writes nothing.
-//
-// The leader it returns may have lost the lead since; Held.IsOwner,
-// for the leader itself, and fencing tokens are what make that safe. A
-// leader cut off from etcd stays the holder until its lease expires,
-// although its f has been cancelled before: LeaderOf names whoever holds
-// the key.
+// LeaderOf returns the holder of the Mutex queue of name: the leader of Lead
+// or of etcd's concurrency.Election, or a Mutex's holder; an error wrapping
+// ErrNoLeader if there is none, and Inspect's errors. It is one read, and
+// writes nothing. A leader cut off stays the holder until its lease expires:
+// fence with tokens.
 func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueEntry, error) {
 	entries, err := Inspect(ctx, client, name)
 	if err != nil {
@@ -76,16 +48,9 @@ func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueE
 	return QueueEntry{}, errorf("leader", name, ErrNoLeader)
 }
 
-// FollowLeader sends the leader of name, as LeaderOf finds it, now and
-// each time it changes, until ctx ends; then it closes the channel. The
-// zero QueueEntry (Key "") says that nobody leads. A new term of the same
-// process is a change (a new key, with a new token).
-//
-// It is how every candidate of Lead, and every follower, learns who leads
-// (client-go's OnNewLeader, etcd's Election.Observe): run it beside Lead,
-// with the same client and name. It is Follow, with its guarantees: it
-// writes nothing, never goes back to an older leader, sends a leader once,
-// and a busy receiver gets the newest leader when it next receives.
+// FollowLeader sends the leader of name, as LeaderOf finds it, now and at
+// each change (a new term is one), as Follow does; the zero QueueEntry when
+// nobody leads. Run it beside Lead to learn who leads.
 func FollowLeader(ctx context.Context, client *clientv3.Client, name string) <-chan QueueEntry {
 	return follow(ctx, client, name, leaderIn, func(a, b []QueueEntry) bool { return leaderIn(a) == leaderIn(b) })
 }

@@ -23,15 +23,10 @@ type QueueEntry struct {
 	Kind     Kind             // KindMutex (also concurrency.Mutex and etcdctl lock), KindRead, KindWrite or KindSemaphore
 }
 
-// Inspect reads the queue of the lock called name: the keys of a Mutex, an
-// RWMutex or a Semaphore of that name, or of concurrency.Mutex, etcdctl lock
-// and etcd's recipe RWMutex. It returns the holders first, by token, then
-// the waiters in the order they will be served; an empty slice when nobody
-// holds or waits. It is one consistent read, and writes nothing.
-//
-// Where keys of a Mutex (or Semaphore) and of an RWMutex share the name,
-// they are two locks: both queues are listed, holders first. Keys of locks
-// nested under the name ("name/sub") are not listed.
+// Inspect reads the queue of the lock called name, in one read that writes
+// nothing: the keys of any lock of this package, concurrency.Mutex, etcdctl
+// lock or etcd's recipe RWMutex, holders first, by token, then waiters in the
+// order they will be served; empty if none. Nested locks' keys are not.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
 	entries, _, err := inspectAt(ctx, client, name)
 	return entries, err

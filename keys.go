@@ -8,8 +8,7 @@ import (
 	"strings"
 )
 
-// A Kind is the kind of a key in a lock's queue, and of the lock call that
-// put it: a QueueEntry's and an Event's.
+// A Kind is the kind of a key in a lock's queue, and of a lock call.
 type Kind string
 
 // The kinds of keys.
@@ -18,9 +17,7 @@ const (
 	KindRead      Kind = "read"      // an RWMutex reader's
 	KindWrite     Kind = "write"     // an RWMutex writer's
 	KindSemaphore Kind = "semaphore" // a Semaphore permit's
-	// KindMulti: a MultiMutex's acquisition, in events. Its keys are its
-	// names' Mutex keys: Inspect lists them as KindMutex.
-	KindMulti Kind = "multi"
+	KindMulti     Kind = "multi"     // a MultiMutex's call, in events; Inspect lists its keys as KindMutex
 )
 
 // semaphoreValue is the value of a permit's key: the limit on the first
