@@ -3,6 +3,8 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -91,7 +93,20 @@ func ownerCmp(key string, rev int64) clientv3.Cmp {
 
 // snapshot returns the hold as a Hold of the lock name.
 func (h *hold) snapshot(name string) Hold {
-	return Hold{Name: name, Key: h.t.Key(), Token: h.token(), Lease: h.t.term.id, h: h}
+	return Hold{Name: name, Key: h.keyOf(name), Token: h.token(), Lease: h.t.term.id, h: h}
+}
+
+// keyOf returns the hold's key in the queue of the lock name: for a
+// MultiMutex's hold seen through a Mutex of one of its names, that name's
+// key; otherwise (and for the MultiMutex itself) the ticket's first key.
+func (h *hold) keyOf(name string) string {
+	if h.t.kind == KindMulti {
+		key := fmt.Sprintf("%s/%x", name, h.t.term.id)
+		if slices.Contains(h.t.Keys(), key) {
+			return key
+		}
+	}
+	return h.t.Key()
 }
 
 // token returns the hold's fencing token.

@@ -160,6 +160,14 @@ func TestMultiLockUnlock(t *testing.T) {
 		if got := etcdlock.NewMutex(s, name).Token(); got != m.Token() {
 			t.Errorf("Mutex(%q).Token: got %d, want %d", name, got, m.Token())
 		}
+		// Each name's Mutex names its own key, and guards it.
+		mu := etcdlock.NewMutex(s, name)
+		if got := mu.Key(); got != keyOf(name, s.Lease()) {
+			t.Errorf("Mutex(%q).Key: got %q, want %q", name, got, keyOf(name, s.Lease()))
+		}
+		if r, err := client.Txn(ctx).If(mu.IsOwner()).Then(clientv3.OpGet(keyOf(name, s.Lease()))).Commit(); err != nil || !r.Succeeded {
+			t.Errorf("Mutex(%q).IsOwner while the MultiMutex holds: %v, %v; want true", name, r, err)
+		}
 		q, err := etcdlock.Inspect(ctx, client, name)
 		if err != nil || len(q) != 1 || q[0].Key != keyOf(name, s.Lease()) || !q[0].Holds || q[0].Token != m.Token() || q[0].Kind != etcdlock.KindMutex {
 			t.Errorf("Inspect(%q): got %+v, %v; want one holding Mutex key at the token", name, q, err)

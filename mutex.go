@@ -161,10 +161,10 @@ func (m *Mutex) Held() (Hold, bool) {
 
 // Key returns the key of the Session's hold, whichever goroutine asks, or "".
 // While a MultiMutex of the Session holds the name, Key, Token, IsOwner and
-// Done describe its hold, and Key is its first name's key.
+// Done describe its hold: Key is its key of this name.
 func (m *Mutex) Key() string {
 	if h := m.current(); h != nil {
-		return h.t.Key()
+		return h.keyOf(m.name)
 	}
 	return ""
 }
@@ -182,7 +182,7 @@ func (m *Mutex) Token() int64 {
 // Session's hold lasts, whichever goroutine asks.
 func (m *Mutex) IsOwner() clientv3.Cmp {
 	if h := m.current(); h != nil {
-		return ownerCmp(h.t.Key(), h.token())
+		return ownerCmp(h.keyOf(m.name), h.token())
 	}
 	return ownerCmp("", 0)
 }
