@@ -45,7 +45,7 @@ func TestD4SyncedWatch(t *testing.T) {
 		nWatches := func() int {
 			n := 0
 			for _, c := range rec.list() {
-				if strings.HasPrefix(c.key, name+"/") {
+				if strings.Contains(c.key, name+"/") {
 					n++
 				}
 			}
@@ -86,7 +86,7 @@ func TestD4SyncedWatch(t *testing.T) {
 		}
 		var out []watchCreate
 		for _, c := range rec.list() {
-			if strings.HasPrefix(c.key, name+"/") {
+			if strings.Contains(c.key, name+"/") {
 				out = append(out, c)
 			}
 		}

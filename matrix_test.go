@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -163,7 +164,7 @@ func TestFaultMatrix(t *testing.T) {
 							defer func() { <-slots }()
 							t.Run(name, func(t *testing.T) {
 								mc := &matrixCase{t: t, kind: k, at: c, fault: f, nth: nth, sweep: len(nths) > 1}
-								mc.run(srv.Endpoints(), healthy)
+								mc.run(srv, healthy)
 								mu.Lock()
 								counts[k.name]++
 								mu.Unlock()
@@ -301,14 +302,14 @@ func (mc *matrixCase) removes() bool {
 // one TTL, the period of its safety read, with 2× slack.
 var stranded = 2 * (matrixTTL + time.Second)
 
-func (mc *matrixCase) run(endpoints []string, healthy *clientv3.Client) {
+func (mc *matrixCase) run(srv *etcdtest.Server, healthy *clientv3.Client) {
 	t := mc.t
 	mc.healthy, mc.parent = healthy, lockName(t)
 	mc.name = mc.parent + "/lock"
 	mc.sm = newSeam(mc.at, mc.fault, mc.nth)
 	mc.sm.hand = mc.hand
 	mc.sm.holder = mc.holder
-	client := interceptedClient(t, endpoints, mc.sm.unary, mc.sm.stream)
+	client := serverClient(t, srv, mc.sm.unary, mc.sm.stream)
 	// Late requests are applied before the client closes, and after the
 	// Session: a renewal's grant applied late waits for the Session's end.
 	t.Cleanup(mc.sm.late.Wait)
@@ -798,14 +799,16 @@ func (mc *matrixCase) holder(key string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	name := mc.name
-	if mc.kind.name == "MultiMutex" && strings.HasPrefix(key, mc.name+multiNested+"/") {
+	if mc.kind.name == "MultiMutex" && strings.Contains(key, mc.name+multiNested+"/") {
 		name += multiNested // the queue of its second name (openMulti)
 	}
 	entries, err := etcdlock.Inspect(ctx, mc.healthy, name)
 	if err != nil {
 		return false
 	}
-	i := slices.IndexFunc(entries, func(e etcdlock.QueueEntry) bool { return e.Key == key && e.Holds })
+	// key is as the client sent it: on an external etcd, under the test's
+	// prefix, which Inspect's keys are not.
+	i := slices.IndexFunc(entries, func(e etcdlock.QueueEntry) bool { return strings.HasSuffix(key, e.Key) && e.Holds })
 	if i < 0 {
 		return false
 	}

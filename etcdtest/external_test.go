@@ -20,7 +20,7 @@ func TestExternal(t *testing.T) {
 	}
 	srv := etcdtest.Start(t)
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestExternalChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), etcdtest.EnvEndpoints+"="+srv.Endpoints()[0])
+	cmd.Env = append(os.Environ(), etcdtest.EnvEndpoints+"="+srv.Endpoints()[0], externalChild+"=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("child: got %v, want nil\n%s", err, out)
@@ -39,11 +39,15 @@ func TestExternal(t *testing.T) {
 	}
 }
 
+// externalChild marks the child process of TestExternal, which has its
+// etcd to itself.
+const externalChild = "ETCDTEST_EXTERNAL_CHILD"
+
 // TestExternalChild is run by TestExternal, with ETCDTEST_ENDPOINTS set.
 func TestExternalChild(t *testing.T) {
 	eps := os.Getenv(etcdtest.EnvEndpoints)
-	if eps == "" {
-		t.Skip("run by TestExternal")
+	if eps == "" || os.Getenv(externalChild) != "1" {
+		t.Skip("run by TestExternal, on an etcd of its own")
 	}
 	var prefix string
 	t.Run("Start", func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/syncbuf"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
@@ -63,6 +64,7 @@ func startCLI(t *testing.T, env []string, args ...string) *proc {
 // arguments, such as sh -c 'trap "" HUP; exec "$@"' sh.
 func startCLIVia(t *testing.T, via, env []string, args ...string) *proc {
 	t.Helper()
+	skipExternal(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatalf("os.Executable: %v", err)
@@ -102,6 +104,16 @@ func (p *proc) wait(t *testing.T) result {
 		t.Fatalf("etcdlock %q: %v\nstdout:\n%s\nstderr:\n%s", p.cmd.Args[1:], err, r.stdout, r.stderr)
 	}
 	return r
+}
+
+// skipExternal skips a test that runs etcdlock as a process of its own on an
+// external etcd (ETCDTEST_ENDPOINTS): the process dials that etcd itself,
+// outside the prefix under which the test's clients see their keys.
+func skipExternal(t *testing.T) {
+	t.Helper()
+	if os.Getenv(etcdtest.EnvEndpoints) != "" {
+		t.Skip("runs etcdlock as a process, which dials ETCDTEST_ENDPOINTS outside the test's prefix: needs an embedded etcd")
+	}
 }
 
 // runCLI runs etcdlock to the end.

@@ -47,6 +47,7 @@ func openPTY(t *testing.T) (ptm, pts *os.File) {
 // COMMAND the foreground job, so that it reads the terminal instead of
 // stopping on SIGTTIN, and takes the terminal back when COMMAND exits.
 func TestRunInteractive(t *testing.T) {
+	skipExternal(t)
 	srv := etcdtest.Start(t)
 	ptm, pts := openPTY(t)
 	defer ptm.Close()
