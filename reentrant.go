@@ -2,9 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -12,7 +9,8 @@ import (
 )
 
 // A Session's records of what this process holds or awaits, one per lock
-// name, live in its records map, which only this file reads or writes: a
+// name, live in its records map, which only the record files read or write
+// (this one, turn.go, scope.go, group.go and rwstate.go): a
 // *lockState under a mutexName, an *rwState under an rwMutexName. A record
 // is removed once idle (under its own mutex, and only if it is still the
 // one in the map), and goes with its Session.
@@ -23,11 +21,13 @@ type (
 
 // lockState is what this process knows of one Mutex name on one Session. All
 // Mutex handles of that name and Session share it, so that they are one lock:
-// one holder goroutine with a hold count, and a FIFO queue of the local
-// goroutines waiting for their turn. Only the goroutine whose turn it is
-// takes part in etcd's queue, so N goroutines cost etcd one key, not N.
+// one holder goroutine with a hold count (its holder, in this file), and a
+// FIFO queue of the local goroutines waiting for their turn (its turn,
+// turn.go). Only the goroutine whose turn it is takes part in etcd's queue,
+// so N goroutines cost etcd one key, not N. Do scopes (scope.go) and a
+// MultiMutex's holds (group.go) are kept in the same record.
 //
-// This file is the only one that reads or writes a lockState's fields. A
+// These files are the only ones that read or write a lockState's fields. A
 // record lives in its Session's records while anything uses it; once idle it is
 // retired and removed, and handles that still point to it fetch a new one.
 type lockState struct {
@@ -36,80 +36,20 @@ type lockState struct {
 
 	retired atomic.Bool // removed from the Session: fetch the live record; set under mu
 
-	mu       sync.Mutex
-	busy     bool      // the turn is taken: by the holder, an acquirer, or a cleanup
-	cleaning error     // the turn waits for a delete retried in the background: why it was not confirmed; nil otherwise
-	queue    []*waiter // local goroutines waiting for the turn, oldest first
-	owner    int64     // goroutine id of the holder; 0 when not held
-	scopes   []*scope  // the holder's open Do scopes: their goroutines hold too
-	holds    int       // how many holds there are, the scopes' included
-	hold     *hold     // the current hold: its token and loss signal; nil when not held
-	handoffs int       // local hand-offs in a row since the key was put
+	mu sync.Mutex // guards turn and holder
+	turn
+	holder
+}
+
+// holder is who holds a Mutex name in this process, and how many times.
+type holder struct {
+	owner  int64    // goroutine id of the holder; 0 when not held
+	scopes []*scope // the holder's open Do scopes: their goroutines hold too
+	holds  int      // how many holds there are, the scopes' included
+	hold   *hold    // the current hold: its token and loss signal; nil when not held
 	// group is the MultiMutex (its names, joined) whose hold this is; ""
 	// for a Mutex's. A group's holds are counted in each of its records.
 	group string
-}
-
-type waiter struct {
-	ready   chan struct{} // closed when the turn is handed to this waiter
-	granted bool
-	handed  *hold // the hold itself came with the turn (a local hand-off)
-	group   bool  // a MultiMutex waits: the turn, never a Mutex's hold
-}
-
-// A scope is the hold of one Do while its f runs: any goroutine whose
-// context carries the scope holds the lock with the goroutine that called
-// Do. It ends when f returns, and with it the holds taken through it; a
-// context kept after that grants nothing.
-type scope struct {
-	holds int // holds taken through the scope by other goroutines; guarded by the record's mu
-}
-
-// scopeKey is the context key of a lock's scope: the lock's record, which
-// cannot be retired while a scope is open (its lock is held). One pointer:
-// looking it up allocates nothing.
-type scopeKey struct{ st *lockState }
-
-// scopeOf returns the open scope ctx carries for the lock, nil if none. st.mu
-// must be held.
-func (st *lockState) scopeOf(ctx context.Context) *scope {
-	if len(st.scopes) == 0 {
-		return nil
-	}
-	sc, _ := ctx.Value(scopeKey{st}).(*scope)
-	if sc == nil || !slices.Contains(st.scopes, sc) {
-		return nil
-	}
-	return sc
-}
-
-// ownHolds returns the holds of the owner goroutine itself. st.mu must be
-// held.
-func (st *lockState) ownHolds() int {
-	n := st.holds
-	for _, sc := range st.scopes {
-		n -= sc.holds
-	}
-	return n
-}
-
-// openScope opens a scope for the calling goroutine's hold and returns a
-// context, derived from ctx, that carries it.
-func (st *lockState) openScope(ctx context.Context) (context.Context, *scope) {
-	sc := &scope{}
-	st.mu.Lock()
-	st.scopes = append(st.scopes, sc)
-	st.mu.Unlock()
-	return context.WithValue(ctx, scopeKey{st}, sc), sc
-}
-
-// closeScope ends sc, and the holds its goroutines still have.
-func (st *lockState) closeScope(sc *scope) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.scopes = slices.DeleteFunc(st.scopes, func(o *scope) bool { return o == sc })
-	st.holds -= sc.holds
-	sc.holds = 0
 }
 
 // An entry is how an acquisition starts in this process.
@@ -171,106 +111,6 @@ func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool)
 	return how, w, true
 }
 
-// takeTurn takes the turn if it is free, else a place in the local queue
-// (none for a try); a group's waiter is never handed a Mutex's hold. st.mu
-// must be held.
-func (st *lockState) takeTurn(try, group bool) (entry, *waiter) {
-	switch {
-	case !st.busy:
-		st.busy = true
-		return gotTurn, nil
-	case try && st.cleaning != nil:
-		return turnCleaning, nil
-	case try:
-		return turnBusy, nil
-	}
-	w := &waiter{ready: make(chan struct{}), group: group}
-	st.queue = append(st.queue, w)
-	return queued, w
-}
-
-// await ends an entry that takes the turn: errBusy for a try that found it
-// taken, errCleaning for one that found it waiting for a delete, the wait of
-// a queued goroutine (and the hold, if one came with the turn), else
-// nothing; waited says whether it waited.
-func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, waited bool, err error) {
-	switch how {
-	case turnBusy:
-		return nil, true, errBusy
-	case turnCleaning:
-		return nil, true, st.cleaningErr()
-	case queued:
-		h, err := st.awaitTurn(ctx, w)
-		return h, true, err
-	}
-	return nil, false, nil
-}
-
-// awaitTurn waits until w has the turn: the right to use etcd for this lock.
-// If the hold itself came with it (WithLocalHandoff), it returns that hold,
-// which counts as taken even if ctx ended at the same moment. It returns
-// errBusy if ctx ends first (another goroutine held or waited ahead),
-// leaving the queue as it was; or errCleaning if the turn was then waiting
-// for the delete of an earlier key of this process: nobody else held or
-// waited.
-func (st *lockState) awaitTurn(ctx context.Context, w *waiter) (*hold, error) {
-	select {
-	case <-w.ready:
-		return w.handed, nil
-	case <-ctx.Done():
-	}
-	st.mu.Lock()
-	switch {
-	case w.handed != nil:
-		st.mu.Unlock()
-		return w.handed, nil
-	case w.granted:
-		// The turn arrived as ctx ended: hand it on.
-		st.mu.Unlock()
-		st.passTurn()
-	default:
-		st.queue = slices.DeleteFunc(st.queue, func(q *waiter) bool { return q == w })
-		cleaning := st.cleaning != nil && len(st.queue) == 0 && st.owner == 0
-		st.mu.Unlock()
-		if cleaning {
-			return nil, st.cleaningErr()
-		}
-	}
-	return nil, errBusy
-}
-
-// retrying records that the turn waits for a delete retried in the
-// background, which err left unconfirmed.
-func (st *lockState) retrying(err error) {
-	if err == nil {
-		err = errors.New("not confirmed")
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.cleaning = err
-}
-
-// cleaningErr returns the error of a call that found the turn waiting for
-// a delete: etcd may or may not still have the earlier key.
-func (st *lockState) cleaningErr() error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.cleaning == nil {
-		return errBusy // the delete ended meanwhile; the turn went on
-	}
-	return fmt.Errorf("%w: %v", errCleaning, st.cleaning)
-}
-
-// A groupKeeper is the turns a MultiMutex took, as a turnKeeper: they wait
-// together for the delete of its keys.
-type groupKeeper struct{ turns *[]*lockState }
-
-func (g groupKeeper) retrying(err error) {
-	for _, st := range *g.turns {
-		st.retrying(err)
-	}
-}
-
 // grant makes the calling goroutine, which has the turn, the holder of h.
 func (st *lockState) grant(h *hold) {
 	gid := goid.Get()
@@ -326,45 +166,6 @@ func (st *lockState) leave(ctx context.Context) (departure, *hold) {
 	return mustRelease, h
 }
 
-// handOff passes the hold, with its etcd key and token, to the oldest local
-// waiter, if WithLocalHandoff allows one more in a row and the hold is not
-// known lost. It is called with st.mu held, after h.end.
-func (st *lockState) handOff(h *hold) bool {
-	if len(st.queue) == 0 || st.queue[0].group || st.handoffs >= st.s.maxHandoffs || h.knownLost() {
-		st.handoffs = 0
-		return false
-	}
-	st.handoffs++
-	w := st.queue[0]
-	st.queue = st.queue[1:]
-	w.granted, w.handed = true, h.again()
-	close(w.ready)
-	return true
-}
-
-// passTurn hands the turn to the oldest local waiter, or frees it and
-// retires the record if nothing else uses it.
-func (st *lockState) passTurn() {
-	st.mu.Lock()
-	st.cleaning = nil
-	if len(st.queue) > 0 {
-		w := st.queue[0]
-		st.queue = st.queue[1:]
-		w.granted = true
-		close(w.ready)
-		st.mu.Unlock()
-		return
-	}
-	st.busy = false
-	st.mu.Unlock()
-
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if !st.busy && len(st.queue) == 0 && !st.retired.Load() && st.s.records.CompareAndDelete(mutexName(st.name), st) {
-		st.retired.Store(true)
-	}
-}
-
 // holdCount returns the calling goroutine's own holds (not those taken
 // through a Do scope by other goroutines).
 func (st *lockState) holdCount() int {
@@ -394,275 +195,4 @@ func (st *lockState) current() *hold {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.hold
-}
-
-// A MultiMutex uses the records of its names' Mutexes: it holds each name's
-// turn while it acquires and holds, and records its hold in each, under its
-// group (its names, sorted and joined). Its goroutine takes the turns in the
-// order of the names, so two groups of one Session cannot wait for each
-// other's turns in a cycle; and it waits in etcd only once it has them all,
-// for keys older than its own, which never wait for a turn of this
-// Session. A goroutine that holds one of the names otherwise (a Mutex, or
-// another group) would hold one lock while it waits for another, which no
-// order can save: ErrWouldDeadlock, before any turn is taken.
-
-// groupEntry tells how the calling goroutine, with ctx, stands toward the
-// records of the names of group: reentered (it holds the group: one more
-// hold, in each record), holdLost (it holds the group, but the hold is known
-// lost), wouldDeadlock (it holds one of the names another way), or gotTurn
-// (it holds none: go take the turns).
-func groupEntry(ctx context.Context, s *Session, names []string, group string) entry {
-	gid := goid.Get()
-	var mine []*lockState
-	for _, name := range names {
-		st := mutexState(s, name, false)
-		if st == nil {
-			continue
-		}
-		st.mu.Lock()
-		switch {
-		case st.owner == gid && st.group == group:
-			mine = append(mine, st)
-		case st.owner == gid || st.scopeOf(ctx) != nil:
-			st.mu.Unlock()
-			return wouldDeadlock
-		}
-		st.mu.Unlock()
-	}
-	switch len(mine) {
-	case 0:
-		return gotTurn
-	case len(names):
-	default:
-		return wouldDeadlock
-	}
-	if mine[0].current().knownLost() {
-		return holdLost
-	}
-	for _, st := range mine {
-		st.mu.Lock()
-		st.holds++
-		st.mu.Unlock()
-	}
-	return reentered
-}
-
-// groupTurn takes the turn of the Mutex name of s for a group: at once if
-// free, else by waiting for it in the local queue (a try: errBusy). It
-// returns the record, and whether it waited.
-func groupTurn(ctx context.Context, s *Session, name string, try bool) (*lockState, bool, error) {
-	for {
-		st := mutexState(s, name, true)
-		st.mu.Lock()
-		if st.retired.Load() {
-			st.mu.Unlock()
-			continue
-		}
-		how, w := st.takeTurn(try, true)
-		st.mu.Unlock()
-		_, waited, err := st.await(ctx, how, w)
-		return st, waited, err
-	}
-}
-
-// grantGroup makes the calling goroutine, which has the turn, the holder of
-// the group's hold h.
-func (st *lockState) grantGroup(group string, h *hold) {
-	gid := goid.Get()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.owner, st.holds, st.hold, st.group = gid, 1, h, group
-}
-
-// leaveGroup ends one hold of group by the calling goroutine. When it ends
-// the last one, it returns the hold, whose keys the caller must delete
-// before it passes the turn on.
-func (st *lockState) leaveGroup(group string) (departure, *hold) {
-	gid := goid.Get()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.retired.Load() || st.owner != gid || st.group != group {
-		return notHolder, nil
-	}
-	st.holds--
-	if st.holds > 0 {
-		return stillHeld, nil
-	}
-	h := st.hold
-	st.owner, st.hold, st.group = 0, nil, ""
-	return mustRelease, h
-}
-
-// groupHold returns the group's current hold in this process, nil if none;
-// with mine, only the calling goroutine's.
-func (st *lockState) groupHold(group string, mine bool) *hold {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.group != group || (mine && st.owner != goid.Get()) {
-		return nil
-	}
-	return st.hold
-}
-
-// rwState is what this process knows of one RWMutex name on one Session: who
-// holds it, per goroutine. Every hold of a goroutine has an etcd key of its
-// own, readers' and writers' alike, so goroutines need no local turn: etcd's
-// queue orders them, as it orders other processes. Only one write hold is
-// alive at a time, but a goroutine whose write hold was lost keeps it until
-// it unlocks, while another goroutine may take the lock anew.
-type rwState struct {
-	s    *Session
-	name string
-
-	mu      sync.Mutex
-	retired bool
-	writers map[int64]*rwHold // write holds, by goroutine
-	readers map[int64]*rwHold // read holds, by goroutine
-}
-
-// An rwHold is one goroutine's hold of an RWMutex: the hold of its key, how
-// many times the goroutine took it, and for a write hold, how many reads the
-// goroutine took while writing (they need no key of their own: its write
-// key excludes everyone already).
-type rwHold struct {
-	holds  int
-	nested int
-	h      *hold
-}
-
-// rwMutexState returns the live record of the RWMutex name of s, creating
-// it if create is set; nil if there is none: nothing in this process holds
-// the lock.
-func rwMutexState(s *Session, name string, create bool) *rwState {
-	if v, ok := s.records.Load(rwMutexName(name)); ok || !create {
-		st, _ := v.(*rwState)
-		return st
-	}
-	v, _ := s.records.LoadOrStore(rwMutexName(name), &rwState{s: s, name: name, writers: make(map[int64]*rwHold), readers: make(map[int64]*rwHold)})
-	return v.(*rwState)
-}
-
-// enter starts an acquisition by the calling goroutine: it reports whether
-// the goroutine took one more hold of a lock it holds already, which needs no
-// key: a re-lock, or a read by the writer. A reader asking to write gets
-// ErrWouldDeadlock: it would wait for itself; a goroutine whose hold is
-// known lost, errRelockLost.
-func (st *rwState) enter(write bool) (bool, error) {
-	gid := goid.Get()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	w, r := st.writers[gid], st.readers[gid]
-	switch {
-	case w != nil && w.h.knownLost(), r != nil && !write && r.h.knownLost():
-		return false, errRelockLost
-	case w != nil && write:
-		w.holds++
-	case w != nil:
-		w.nested++
-	case r != nil && write:
-		return false, ErrWouldDeadlock
-	case r != nil:
-		r.holds++
-	default:
-		return false, nil
-	}
-	return true, nil
-}
-
-// grant records the hold that the calling goroutine took. It returns false
-// if the record was retired meanwhile: grant on the live one.
-func (st *rwState) grant(write bool, h *hold) bool {
-	gid := goid.Get()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.retired {
-		return false
-	}
-	hold := &rwHold{holds: 1, h: h}
-	if write {
-		st.writers[gid] = hold
-	} else {
-		st.readers[gid] = hold
-	}
-	return true
-}
-
-// leave ends one hold of the calling goroutine (write or read). When the
-// goroutine's last hold of a key ends, the loss signal closes, and it returns
-// the hold whose key the caller must delete. A writer's key lasts until the
-// writer's nested reads end too: it still excludes everyone meanwhile.
-func (st *rwState) leave(write bool) (departure, *rwHold) {
-	gid := goid.Get()
-	st.mu.Lock()
-	var ended *rwHold
-	switch w, r := st.writers[gid], st.readers[gid]; {
-	case w != nil && (write && w.holds > 0 || !write && w.nested > 0):
-		if write {
-			w.holds--
-		} else {
-			w.nested--
-		}
-		if w.holds == 0 && w.nested == 0 {
-			ended = w
-			delete(st.writers, gid)
-		}
-	case write || r == nil:
-		st.mu.Unlock()
-		return notHolder, nil
-	default:
-		r.holds--
-		if r.holds == 0 {
-			ended = r
-			delete(st.readers, gid)
-		}
-	}
-	idle := len(st.writers) == 0 && len(st.readers) == 0
-	st.mu.Unlock()
-	if ended == nil {
-		return stillHeld, nil
-	}
-	ended.h.end()
-	if idle {
-		st.retire()
-	}
-	return mustRelease, ended
-}
-
-// retire removes the record from the Session if nothing holds it.
-func (st *rwState) retire() {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if len(st.writers) == 0 && len(st.readers) == 0 && !st.retired && st.s.records.CompareAndDelete(rwMutexName(st.name), st) {
-		st.retired = true
-	}
-}
-
-// mine returns the calling goroutine's hold: its write hold (its reads
-// while writing are part of it), or else its read hold; nil if it holds
-// nothing. Never another goroutine's: another reader's unlock does not end
-// this one's hold.
-func (st *rwState) mine() *rwHold {
-	gid := goid.Get()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if w := st.writers[gid]; w != nil {
-		return w
-	}
-	return st.readers[gid]
-}
-
-// holdCount returns the calling goroutine's holds: write holds and read
-// holds together.
-func (st *rwState) holdCount() int {
-	gid := goid.Get()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	n := 0
-	if w := st.writers[gid]; w != nil {
-		n += w.holds + w.nested
-	}
-	if r := st.readers[gid]; r != nil {
-		n += r.holds
-	}
-	return n
 }
