@@ -123,10 +123,14 @@ func (h *hold) knownLost() bool {
 }
 
 // end is called when the hold is released: it closes the channel and stops
-// the monitor. A loss the monitor finds after this is no loss.
-func (h *hold) end() {
+// the monitor. A loss the monitor finds after this is no loss. It reports
+// whether this call ended the hold (false: it had ended already).
+func (h *hold) end() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.ended {
+		return false
+	}
 	h.ended = true
 	if !h.signaled {
 		h.signaled = true
@@ -135,6 +139,14 @@ func (h *hold) end() {
 	if h.stop != nil {
 		h.stop()
 	}
+	return true
+}
+
+// over reports whether the hold was released (end was called).
+func (h *hold) over() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ended
 }
 
 // lost returns the hold's loss signal for our key, starting on the first

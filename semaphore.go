@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
@@ -100,10 +99,7 @@ func (sem *Semaphore) check(ctx context.Context) error {
 // A Permit is one hold of a Semaphore, from Acquire to Release.
 type Permit struct {
 	sem *Semaphore
-	h   *hold
-
-	mu       sync.Mutex
-	released bool
+	h   *hold // its end is the release: kept there, once
 }
 
 // Release gives the permit back, as the last unlock of a Mutex does;
@@ -115,14 +111,9 @@ func (p *Permit) Release(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
 	}
-	p.mu.Lock()
-	if p.released {
-		p.mu.Unlock()
+	if !p.h.end() {
 		return ErrNotHeld
 	}
-	p.released = true
-	p.mu.Unlock()
-	p.h.end()
 	return p.h.unlock(ctx, nil)
 }
 
@@ -139,9 +130,7 @@ func (p *Permit) Token() int64 {
 	if p == nil {
 		return 0
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.released {
+	if p.h.over() {
 		return 0
 	}
 	return p.h.token()
