@@ -130,15 +130,21 @@ func (c *Conn) fenceMoved(reply *pb.ResponseOp, rev int64) (bool, error) {
 // What the ticket knows of its keys in etcd (state and rev) decides which
 // keys, if any, a delete removes, and how.
 type Ticket struct {
-	c         *Conn
-	rule      *Rule
-	key       string
-	value     string
+	c     *Conn
+	rule  *Rule
+	key   string
+	value string
+	*known // shared by every ticket of a group: one state, one revision
+}
+
+// known is what one acquisition knows of its keys in etcd, kept once: a
+// group's tickets share it.
+type known struct {
 	state     keyState
-	rev       int64 // the key's create revision, the fencing token, while state is keyPut
+	rev       int64 // the keys' create revision, the fencing token, while state is keyPut
 	contended bool  // the acquisition waited for another holder
-	// group is every ticket of the acquisition, this one first: one key per
-	// queue, one state and one revision for all (set).
+	// group is every ticket of the acquisition, the first first: one key per
+	// queue.
 	group []*Ticket
 }
 
@@ -156,7 +162,7 @@ const (
 // NewTicket returns a ticket for key, with value, in the queue of rule r.
 // Until the ticket ends, no other ticket of the lease may use key.
 func NewTicket(c *Conn, r *Rule, key, value string) *Ticket {
-	t := &Ticket{c: c, rule: r, key: key, value: value}
+	t := &Ticket{c: c, rule: r, key: key, value: value, known: &known{}}
 	t.group = []*Ticket{t}
 	return t
 }
@@ -175,20 +181,17 @@ type Slot struct {
 // groups that wait for each other cannot wait in a cycle. Until the ticket
 // ends, no other ticket of the lease may use its keys.
 func NewGroup(c *Conn, slots ...Slot) *Ticket {
-	group := make([]*Ticket, len(slots))
+	k := &known{group: make([]*Ticket, len(slots))}
 	for i, sl := range slots {
-		group[i] = &Ticket{c: c, rule: sl.Rule, key: sl.Key, value: sl.Value}
+		k.group[i] = &Ticket{c: c, rule: sl.Rule, key: sl.Key, value: sl.Value, known: k}
 	}
-	for _, t := range group {
-		t.group = group
-	}
-	return group[0]
+	return k.group[0]
 }
 
 // Held returns a ticket for key, known to be in etcd with create revision
 // rev: its delete is fenced on rev.
 func Held(c *Conn, r *Rule, key string, rev int64) *Ticket {
-	t := &Ticket{c: c, rule: r, key: key, state: keyPut, rev: rev}
+	t := &Ticket{c: c, rule: r, key: key, known: &known{state: keyPut, rev: rev}}
 	t.group = []*Ticket{t}
 	return t
 }
@@ -205,11 +208,10 @@ func (t *Ticket) Keys() []string {
 	return keys
 }
 
-// set records what the ticket knows of its keys, for every key of a group.
+// set records what the ticket knows of its keys: for every key of a group,
+// which shares it.
 func (t *Ticket) set(state keyState, rev int64) {
-	for _, m := range t.group {
-		m.state, m.rev = state, rev
-	}
+	t.state, t.rev = state, rev
 }
 
 // Rev returns the key's create revision, the fencing token, once the key
