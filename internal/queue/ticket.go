@@ -130,10 +130,10 @@ func (c *Conn) fenceMoved(reply *pb.ResponseOp, rev int64) (bool, error) {
 // What the ticket knows of its keys in etcd (state and rev) decides which
 // keys, if any, a delete removes, and how.
 type Ticket struct {
-	c     *Conn
-	rule  *Rule
-	key   string
-	value string
+	c      *Conn
+	rule   *Rule
+	key    string
+	value  string
 	*known // shared by every ticket of a group: one state, one revision
 }
 
