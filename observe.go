@@ -94,30 +94,6 @@ type Event struct {
 	Dropped    int           // EventsDropped
 }
 
-// WithObserver adds o to the Session's observers; package
-// etcdlock/prometheus makes metrics of them.
-func WithObserver(o Observer) SessionOption {
-	return sessionOptionFunc(func(so *sessionOptions) {
-		if o == nil {
-			so.invalid("nil Observer")
-			return
-		}
-		so.observers = append(so.observers, o)
-	})
-}
-
-// WithLogger logs the Session's events to l (losses and failures at Warn or
-// Error, the rest at Debug), without the keys' values (identities).
-func WithLogger(l *slog.Logger) SessionOption {
-	return sessionOptionFunc(func(so *sessionOptions) {
-		if l == nil {
-			so.invalid("nil Logger")
-			return
-		}
-		so.observers = append(so.observers, logObserver{l})
-	})
-}
-
 // eventBuffer is how many events may wait for slow observers.
 const eventBuffer = 1024
 

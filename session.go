@@ -11,9 +11,6 @@ import (
 )
 
 const (
-	// DefaultTTL is the lease TTL of a Session made without WithTTL.
-	DefaultTTL = 60 * time.Second
-
 	// setupTimeout bounds NewSession's RPCs when its context has no earlier deadline.
 	setupTimeout = 5 * time.Second
 )
@@ -57,103 +54,6 @@ type Session struct {
 	revokeErr  error           // the WithContext revoke's result, once revoked is closed
 	closeOnce  sync.Once
 	closeErr   error
-}
-
-// A SessionOption configures NewSession.
-type SessionOption interface {
-	apply(*sessionOptions)
-}
-
-type sessionOptions struct {
-	ttl       time.Duration
-	lease     clientv3.LeaseID
-	ctx       context.Context
-	handoffs  int
-	identity  string
-	renew     bool
-	observers []Observer
-	err       error
-}
-
-type sessionOptionFunc func(*sessionOptions)
-
-func (f sessionOptionFunc) apply(o *sessionOptions) { f(o) }
-
-func (o *sessionOptions) invalid(format string, args ...any) {
-	if o.err == nil {
-		o.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
-	}
-}
-
-// WithTTL sets the lease TTL, rounded up to whole seconds (etcd may raise
-// it): how long the lock stays taken after this process dies or is cut off,
-// and how long a holder may believe it holds a lock it has lost.
-func WithTTL(ttl time.Duration) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) {
-		if ttl <= 0 {
-			o.invalid("TTL must be positive, got %v", ttl)
-			return
-		}
-		o.ttl = ttl
-	})
-}
-
-// WithLease makes the Session adopt an existing lease, to take back after a
-// restart a lock whose key is still attached to it (ErrSessionExpired if it
-// is gone). Never share a lease between processes: etcd sees one holder.
-func WithLease(id clientv3.LeaseID) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) {
-		if id <= 0 {
-			o.invalid("lease ID must be positive, got %d", id)
-			return
-		}
-		o.lease = id
-	})
-}
-
-// WithContext ties the Session to ctx: NewSession's RPCs use it, and its
-// end ends the Session as Close does.
-func WithContext(ctx context.Context) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) {
-		if ctx == nil {
-			o.invalid("nil context")
-			return
-		}
-		o.ctx = ctx
-	})
-}
-
-// WithLocalHandoff lets a lock pass to the Session's next waiting goroutine
-// without etcd, at most n times in a row (default 0): other processes wait
-// for at most n+1 local holds. The key and token go on, so a resource fenced
-// on tokens cannot tell those goroutines apart.
-func WithLocalHandoff(n int) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) {
-		if n < 0 {
-			o.invalid("hand-off count must not be negative, got %d", n)
-			return
-		}
-		o.handoffs = n
-	})
-}
-
-// WithIdentity sets the value of every key the Session puts (default ""),
-// which Inspect shows: name the process, and put no secret in it.
-func WithIdentity(id string) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) { o.identity = id })
-}
-
-// WithRenewal makes a Session that outlives its leases, for a long-running
-// service. When its lease is lost, every hold on it is lost as without
-// WithRenewal (its Done closes before the lease can expire), and the Session
-// revokes the old lease and grants a new one in the background, with backoff
-// (docs/design.md §9). Meanwhile Lock blocks, TryLock returns false, and the
-// context methods wait for the new lease (bounded by ctx and TryLockFor's
-// wait), or return ErrSessionExpired where they were under way on the lost
-// lease or none came (at once for a try). Its Done closes only at Close, the
-// end of the WithContext context, or when the client is closed.
-func WithRenewal() SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
 
 // NewSession grants a lease on client (or adopts one, WithLease) and keeps
@@ -221,20 +121,6 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		})
 	}
 	return s, nil
-}
-
-// options applies opts to the defaults. The context is nil unless
-// WithContext set one.
-func options(opts []SessionOption) sessionOptions {
-	o := sessionOptions{ttl: DefaultTTL}
-	for _, opt := range opts {
-		if opt == nil {
-			o.invalid("nil SessionOption")
-			continue
-		}
-		opt.apply(&o)
-	}
-	return o
 }
 
 // Close ends the Session: it revokes the lease, which deletes the keys of
