@@ -70,7 +70,9 @@ const (
 )
 
 // An Event is one thing that happened to a lock of a Session, or to its
-// lease; fields that do not apply to its Kind are zero.
+// lease; fields that do not apply to its Kind are zero. Events are for
+// adapters (logs, metrics such as package etcdlock/prometheus, traces): a
+// lock's user needs none of it to lock.
 type Event struct {
 	Kind      EventKind
 	Time      time.Time        // when it happened
