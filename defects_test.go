@@ -12,6 +12,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -216,16 +217,18 @@ func TestD5TryLockWrites(t *testing.T) {
 	_, client := startServer(t)
 	ctx := testContext(t)
 
-	// scenario returns the TryLock's result and how far it moved etcd's
-	// revision, with another session holding the lock.
-	scenario := func(t *testing.T, name string, try locker) (writes int64, ok bool, err error) {
+	// scenario returns the TryLock's result and the writes it made, with
+	// another session holding the lock. They are counted in the test's
+	// keyspace (wroteSince): on a shared etcd, other tests move the
+	// revision too.
+	scenario := func(t *testing.T, name string, try locker) (writes []string, ok bool, err error) {
 		holder := etcdlock.NewMutex(newSession(t, client), name)
 		if err := holder.LockContext(ctx); err != nil {
 			t.Fatal(err)
 		}
 		before := revision(t, client)
 		ok, err = try.TryLock(ctx)
-		return revision(t, client) - before, ok, err
+		return wroteSince(t, client, before), ok, err
 	}
 
 	t.Run("ours", func(t *testing.T) {
@@ -235,15 +238,15 @@ func TestD5TryLockWrites(t *testing.T) {
 		if ok || err != nil {
 			t.Errorf("TryLockFor(0): got %v, %v, want false, nil", ok, err)
 		}
-		if writes != 0 {
-			t.Errorf("revisions moved by TryLockFor(0): got %d, want 0", writes)
+		if len(writes) != 0 {
+			t.Errorf("writes of TryLockFor(0): got %d (%v), want 0", len(writes), writes)
 		}
 		before := revision(t, client)
 		if m.TryLock() {
 			t.Error("TryLock: got true, want false")
 		}
-		if got := revision(t, client) - before; got != 0 {
-			t.Errorf("revisions moved by TryLock: got %d, want 0", got)
+		if w := wroteSince(t, client, before); len(w) != 0 {
+			t.Errorf("writes of TryLock: got %d (%v), want 0", len(w), w)
 		}
 	})
 
@@ -253,8 +256,11 @@ func TestD5TryLockWrites(t *testing.T) {
 		if ok || err != nil {
 			t.Errorf("upstream TryLock: got %v, %v, want false, nil (ErrLocked)", ok, err)
 		}
-		if writes != 2 {
-			t.Errorf("revisions moved by upstream TryLock: got %d, want 2 (the defect: a put and a delete)", writes)
+		// The defect: a put and a delete of its key under the lock's name
+		// (wroteSince names a write as: PUT "key" at revision).
+		onLock := func(w, op string) bool { return strings.HasPrefix(w, op+` "`+name+"/") }
+		if len(writes) != 2 || !onLock(writes[0], "PUT") || !onLock(writes[1], "DELETE") {
+			t.Errorf("writes of upstream TryLock: got %d (%v), want 2 (the defect: a put and a delete of its key under %q)", len(writes), writes, name+"/")
 		}
 	})
 }
