@@ -571,6 +571,11 @@ func handOver(t *testing.T, ctx context.Context, client *clientv3.Client, name s
 // again and watches from there: it sends the queue as it is, then each
 // later change within 1 s, sooner than its periodic re-read.
 func TestFollowCompaction(t *testing.T) {
+	if sharedEtcd() {
+		// A compaction is of the whole etcd: in one shared by other tests,
+		// it takes the history their watches start from.
+		t.Skip("compacts etcd: needs an etcd of its own, not the one ETCDTEST_ENDPOINTS shares")
+	}
 	testflags.Parallel(t)
 	srv, client := startServer(t)
 	pc, proxy := srv.ProxiedClient(t)

@@ -112,6 +112,14 @@ func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInte
 	return srv.ClientWith(t, opts...)
 }
 
+// sharedEtcd reports whether the tests run on an external etcd
+// (ETCDTEST_ENDPOINTS), which the tests of this and other packages share:
+// there etcd-wide figures, such as its revision and its list of leases,
+// count theirs too.
+func sharedEtcd() bool {
+	return os.Getenv(etcdtest.EnvEndpoints) != ""
+}
+
 // interceptedClient returns a client of endpoints whose calls go through the
 // given interceptors (nil: none). It is closed by t.Cleanup.
 func interceptedClient(t *testing.T, endpoints []string, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
