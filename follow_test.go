@@ -462,8 +462,13 @@ func TestFollowLeaderFailover(t *testing.T) {
 		checkBound(t, what+": the follower saw "+who, s.at.Sub(at), followBound)
 	}
 
-	// An operator deletes the leader's key.
-	first, _ := log.leader("")
+	// An operator deletes the leader's key, once the followers have sent
+	// its term: they send the newest queue, and a watch that starts behind
+	// etcd's revision, as on an etcd other tests write to, catches up on
+	// several changes in one response.
+	first, tm := log.leader("")
+	seen("the first leader", first, tm.token, tm.start)
+	queues.wait(t, first+" holds, in Follow", 0, func(q []etcdlock.QueueEntry) bool { return leaderOf(q) == tm.token })
 	l, err := etcdlock.LeaderOf(ctx, client, name)
 	if err != nil || l.Identity != first {
 		t.Fatalf("LeaderOf: got %+v, %v; want %s", l, err, first)
