@@ -399,6 +399,65 @@ func leaseTTL(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) (int64
 	return resp.TTL, resp.TTL >= 0
 }
 
+// A leaseLog is a client's Lease that records the leases granted through
+// it.
+type leaseLog struct {
+	clientv3.Lease
+
+	mu  sync.Mutex
+	ids []clientv3.LeaseID
+}
+
+// logLeases records the leases granted through client from now on. Call it
+// before client is in use.
+func logLeases(client *clientv3.Client) *leaseLog {
+	l := &leaseLog{Lease: client.Lease}
+	client.Lease = l
+	return l
+}
+
+func (l *leaseLog) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	resp, err := l.Lease.Grant(ctx, ttl)
+	if err == nil {
+		l.mu.Lock()
+		l.ids = append(l.ids, resp.ID)
+		l.mu.Unlock()
+	}
+	return resp, err
+}
+
+// granted returns the leases granted so far, oldest first.
+func (l *leaseLog) granted() []clientv3.LeaseID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]clientv3.LeaseID(nil), l.ids...)
+}
+
+// leasesLeft returns the leases etcd has: on an etcd of the test's own,
+// every one; on an external etcd that other tests share, whose listing
+// has theirs too, those of ids, the test's own, that etcd still has.
+func leasesLeft(t *testing.T, client *clientv3.Client, ids ...clientv3.LeaseID) []clientv3.LeaseID {
+	t.Helper()
+	if !sharedEtcd() {
+		resp, err := client.Leases(testContext(t))
+		if err != nil {
+			t.Fatalf("leases: %v", err)
+		}
+		left := make([]clientv3.LeaseID, len(resp.Leases))
+		for i, l := range resp.Leases {
+			left[i] = l.ID
+		}
+		return left
+	}
+	var left []clientv3.LeaseID
+	for _, id := range ids {
+		if leaseAlive(t, client, id) {
+			left = append(left, id)
+		}
+	}
+	return left
+}
+
 // leaseAlive reports whether etcd still has the lease.
 func leaseAlive(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) bool {
 	t.Helper()

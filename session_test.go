@@ -45,6 +45,7 @@ func TestSessionDefaultTTL(t *testing.T) {
 func TestNewSessionBadInput(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
+	grants := logLeases(client)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	var nilContext context.Context // a nil context is the bad input under test
@@ -75,12 +76,8 @@ func TestNewSessionBadInput(t *testing.T) {
 			if w := wroteSince(t, client, before); len(w) > 0 {
 				t.Errorf("writes: %v, want none", w)
 			}
-			leases, err := client.Leases(testContext(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(leases.Leases) != 0 {
-				t.Errorf("leases after a failed NewSession = %v, want none", leases.Leases)
+			if left := leasesLeft(t, client, grants.granted()...); len(left) != 0 {
+				t.Errorf("leases after a failed NewSession = %v, want none", left)
 			}
 		})
 	}
