@@ -34,7 +34,7 @@ func TestD4SyncedWatch(t *testing.T) {
 			return -1
 		}
 		return rev
-	}}
+	}, prefix: serverPrefix(t, srv)}
 	wc := serverClient(t, srv, nil, rec.intercept)
 
 	// scenario: a holder on a plain client, two waiters on the recorded one,
@@ -100,7 +100,7 @@ func TestD4SyncedWatch(t *testing.T) {
 			oursOn(newSession(t, wc), name),
 			oursOn(newSession(t, wc), name))
 		for _, c := range creates {
-			if c.end == "" && slices.Contains(own, c.key) {
+			if c.end == "" && slices.Contains(own, strings.TrimPrefix(c.key, rec.prefix)) {
 				// A wait's watch of its own key, opened after 100 ms of
 				// waiting (a slow wait, on a loaded machine), starts at
 				// that key's revision + 1 by design: the history of one
@@ -142,7 +142,7 @@ func TestD8WaiterSessionRevoked(t *testing.T) {
 	srv, client := startServer(t)
 	admin := startClient(t, client)
 	var fault txnFault
-	rec := &watchRecorder{rev: func() int64 { return 0 }}
+	rec := &watchRecorder{rev: func() int64 { return 0 }, prefix: serverPrefix(t, srv)}
 	wc := serverClient(t, srv, fault.intercept, rec.intercept)
 
 	revoke := func(ctx context.Context, lease clientv3.LeaseID) error {

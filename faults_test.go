@@ -116,17 +116,19 @@ type watchCreate struct {
 // watchRecorder is a stream interceptor that records every watch created on
 // a client, with the store's revision just before.
 type watchRecorder struct {
-	rev func() int64
+	rev    func() int64
+	prefix string // of the client's keys as sent (serverPrefix): "" on an embedded etcd
 
 	mu      sync.Mutex
 	creates []*watchCreate
 }
 
 // watching reports whether a watch of key, alone or in a range, has been
-// created.
+// created. The recorded keys are as sent, with the client's prefix.
 func (r *watchRecorder) watching(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	key = r.prefix + key
 	for _, c := range r.creates {
 		covers := c.key == key || c.end != "" && c.key <= key && key < c.end
 		if covers && c.created != 0 {
@@ -190,7 +192,8 @@ func (s *recordingStream) RecvMsg(m any) error {
 
 // eventDropper swallows, once armed, the first watch response that reports
 // the delete of one key, as etcd's watch bugs have (#17529, #18089, #19179,
-// #20221).
+// #20221). It sees the key as sent, which ends with the key the test names:
+// on an external etcd, the client's prefix comes first.
 type eventDropper struct {
 	mu      sync.Mutex
 	key     string
@@ -237,7 +240,7 @@ func (d *eventDropper) drop(resp *pb.WatchResponse) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, ev := range resp.Events {
-		if d.key != "" && ev.Type == mvccpb.DELETE && string(ev.Kv.Key) == d.key {
+		if d.key != "" && ev.Type == mvccpb.DELETE && strings.HasSuffix(string(ev.Kv.Key), d.key) {
 			d.key = ""
 			d.dropped++
 			return true

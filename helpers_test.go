@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -110,6 +111,32 @@ func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInte
 		opts = append(opts, grpc.WithChainStreamInterceptor(stream))
 	}
 	return srv.ClientWith(t, opts...)
+}
+
+// serverPrefix returns the prefix srv's clients put before every key they
+// send: on an external etcd (ETCDTEST_ENDPOINTS), that of srv, such as
+// "etcdtest/K3XV7A2QDM/"; "" on an embedded etcd. Interceptors see the keys
+// with it, as sent; the test and its clients name them without. It reads a
+// key through a new client of srv and looks at the request as sent.
+func serverPrefix(t *testing.T, srv *etcdtest.Server) string {
+	t.Helper()
+	const probe = "prefix-probe"
+	var sent string // written by the interceptor on the Get's goroutine
+	c := serverClient(t, srv, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*pb.RangeRequest); ok {
+			sent = string(r.Key)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}, nil)
+	defer c.Close()
+	if _, err := c.Get(testContext(t), probe); err != nil {
+		t.Fatalf("get %q: %v", probe, err)
+	}
+	prefix, ok := strings.CutSuffix(sent, probe)
+	if !ok {
+		t.Fatalf("get %q: sent as %q", probe, sent)
+	}
+	return prefix
 }
 
 // sharedEtcd reports whether the tests run on an external etcd

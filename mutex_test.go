@@ -178,7 +178,7 @@ func TestLostWatchEvent(t *testing.T) {
 	testflags.Parallel(t)
 	srv, client := startServer(t)
 	var d eventDropper
-	rec := &watchRecorder{rev: func() int64 { return 0 }}
+	rec := &watchRecorder{rev: func() int64 { return 0 }, prefix: serverPrefix(t, srv)}
 	wc := serverClient(t, srv, nil, chainStreams(rec.intercept, d.intercept))
 	const ttl = 2 * time.Second
 	name := lockName(t)
