@@ -363,9 +363,9 @@ func TestBookkeepingBounded(t *testing.T) {
 
 	t.Run("lost replies", func(t *testing.T) {
 		testflags.Parallel(t)
-		_, healthy := startServer(t)
+		srv, healthy := startServer(t)
 		fault := &txnFault{}
-		c := interceptedClient(t, healthy.Endpoints(), fault.intercept, nil)
+		c := serverClient(t, srv, fault.intercept, nil)
 		s := newSession(t, c)
 		name := lockName(t)
 		sem := etcdlock.NewSemaphore(s, name+"/sem", 2)
@@ -452,9 +452,9 @@ func TestBookkeepingBounded(t *testing.T) {
 // "jobs" at once.
 func TestParentLockFree(t *testing.T) {
 	testflags.Parallel(t)
-	_, healthy := startServer(t)
+	srv, healthy := startServer(t)
 	fault := &txnFault{}
-	c := interceptedClient(t, healthy.Endpoints(), fault.intercept, nil)
+	c := serverClient(t, srv, fault.intercept, nil)
 	s := newSession(t, c)
 	parent := lockName(t)
 	m := etcdlock.NewMutex(s, parent+"/nightly")
@@ -684,10 +684,10 @@ func TestLostWriteHoldKept(t *testing.T) {
 // the delete lands and the try takes the lock.
 func TestTryWhileCleaning(t *testing.T) {
 	testflags.Parallel(t)
-	_, healthy := startServer(t)
+	srv, healthy := startServer(t)
 	var down atomic.Bool // every Txn fails unsent, as with etcd unreachable
 	lost := make(chan struct{}, 1)
-	c := interceptedClient(t, healthy.Endpoints(), func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c := serverClient(t, srv, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		switch {
 		case method != txnMethod:
 		case down.Load():
@@ -761,9 +761,9 @@ func TestTryWhileCleaning(t *testing.T) {
 // not answer ErrNoPermit.
 func TestWaitCountsOnlyHolders(t *testing.T) {
 	testflags.Parallel(t)
-	_, healthy := startServer(t)
+	srv, healthy := startServer(t)
 	var silent atomic.Bool // every Txn waits for its context, unanswered
-	c := interceptedClient(t, healthy.Endpoints(), func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c := serverClient(t, srv, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if method == txnMethod && silent.Load() {
 			<-ctx.Done()
 			return status.FromContextError(ctx.Err()).Err()
