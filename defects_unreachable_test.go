@@ -28,10 +28,10 @@ func TestD7BoundedCleanup(t *testing.T) {
 	// proxied returns a client through a proxy of its own, with a watch
 	// recorder, so that a test can see when a waiter is waiting.
 	proxied := func(t *testing.T, srv *etcdtest.Server) (*clientv3.Client, *etcdtest.Proxy, *watchRecorder) {
-		_, proxy := srv.ProxiedClient(t)
+		rec := &watchRecorder{rev: func() int64 { return 0 }, prefix: serverPrefix(t, srv)}
+		c, proxy := proxiedServerClient(t, srv, nil, rec.intercept)
 		t.Cleanup(proxy.Unblackhole)
-		rec := &watchRecorder{rev: func() int64 { return 0 }}
-		return interceptedClient(t, proxy.Endpoints(), nil, rec.intercept), proxy, rec
+		return c, proxy, rec
 	}
 
 	t.Run("ours", func(t *testing.T) {

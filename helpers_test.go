@@ -21,6 +21,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/client/v3/namespace"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -111,6 +112,24 @@ func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInte
 		opts = append(opts, grpc.WithChainStreamInterceptor(stream))
 	}
 	return srv.ClientWith(t, opts...)
+}
+
+// proxiedServerClient returns a new client of srv whose traffic goes through
+// a proxy of its own and whose calls go through the given interceptors (nil:
+// none), and the Proxy that injects faults into it; on an external etcd it
+// lives under srv's prefix, as srv's clients do. Unlike those of
+// srv.ProxiedClient, its connections are not closed by Unblackhole. It is
+// closed by t.Cleanup.
+func proxiedServerClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) (*clientv3.Client, *etcdtest.Proxy) {
+	t.Helper()
+	_, proxy := srv.ProxiedClient(t)
+	c := interceptedClient(t, proxy.Endpoints(), unary, stream)
+	if prefix := serverPrefix(t, srv); prefix != "" {
+		c.KV = namespace.NewKV(c.KV, prefix)
+		c.Watcher = namespace.NewWatcher(c.Watcher, prefix)
+		c.Lease = namespace.NewLease(c.Lease, prefix)
+	}
+	return c, proxy
 }
 
 // serverPrefix returns the prefix srv's clients put before every key they

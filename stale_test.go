@@ -588,10 +588,9 @@ func TestWarningCountsFromSend(t *testing.T) {
 	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	healthy := srv.Client(t)
-	_, proxy := srv.ProxiedClient(t)
-	defer proxy.Unblackhole()
 	d := &replyDelay{held: make(chan struct{}, 1)}
-	c := interceptedClient(t, proxy.Endpoints(), nil, d.intercept)
+	c, proxy := proxiedServerClient(t, srv, nil, d.intercept)
+	defer proxy.Unblackhole()
 	const (
 		ttl   = 6 * time.Second
 		late  = 1400 * time.Millisecond

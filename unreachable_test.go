@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -226,8 +227,6 @@ func TestDownWaiterSessionExpires(t *testing.T) {
 // 5 s, and sends no second revoke after the first has answered.
 func TestSessionCloseAfterCancel(t *testing.T) {
 	testflags.Parallel(t)
-	_, _, proxy := startProxied(t)
-	defer proxy.Unblackhole()
 	var revokes atomic.Int64
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if method == "/etcdserverpb.Lease/LeaseRevoke" {
@@ -235,7 +234,8 @@ func TestSessionCloseAfterCancel(t *testing.T) {
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	c := interceptedClient(t, proxy.Endpoints(), count, nil)
+	c, proxy := proxiedServerClient(t, etcdtest.Start(t), count, nil)
+	defer proxy.Unblackhole()
 	sctx, cancel := context.WithCancel(testContext(t))
 	s := newSession(t, c, etcdlock.WithContext(sctx), etcdlock.WithTTL(2*time.Second))
 
