@@ -114,6 +114,7 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 					}
 				}
 				released := make(chan error, 1)
+				var holderGoes atomic.Bool // set as the holder releases
 				var middle *worker
 				if tc.release {
 					keys := len(lockKeys(t, client, name))
@@ -127,6 +128,7 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 						}
 						// The holder, then the middle waiter, leave: we are
 						// woken by a release and read our place.
+						holderGoes.Store(true)
 						if err := holder.Release(); err != nil {
 							released <- err
 							return
@@ -142,7 +144,23 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 				l := p.open(s, name)
 				cctx, cancel := context.WithCancel(ctx)
 				defer cancel()
-				fault.arm(tc.skip, 1, cancelAfterApply(cancel, tc.lose))
+				act := cancelAfterApply(cancel, tc.lose)
+				if tc.release {
+					// The cancel is for the read after the wake-up. A read
+					// before the holder goes, as when etcd's revision moved
+					// between the read that queued us and the creation of
+					// our watch (other tests write to a shared etcd), goes
+					// through, and the next Txn is the one.
+					cancelOnWake := act
+					act = func(ctx context.Context, invoke func() error) error {
+						if !holderGoes.Load() {
+							fault.arm(0, 1, act)
+							return invoke()
+						}
+						return cancelOnWake(ctx, invoke)
+					}
+				}
+				fault.arm(tc.skip, 1, act)
 				var err error
 				if tc.try {
 					var ok bool
