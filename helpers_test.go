@@ -99,11 +99,9 @@ func startClient(t *testing.T, client *clientv3.Client) *clientv3.Client {
 	return interceptedClient(t, client.Endpoints(), nil, nil)
 }
 
-// serverClient returns a new client of srv whose calls go through the given
-// interceptors (nil: none), under srv's prefix on an external etcd. It is
-// closed by t.Cleanup.
-func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
-	t.Helper()
+// interceptors returns the dial options that chain the given interceptors
+// (nil: none).
+func interceptors(unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) []grpc.DialOption {
 	var opts []grpc.DialOption
 	if unary != nil {
 		opts = append(opts, grpc.WithChainUnaryInterceptor(unary))
@@ -111,7 +109,15 @@ func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInte
 	if stream != nil {
 		opts = append(opts, grpc.WithChainStreamInterceptor(stream))
 	}
-	return srv.ClientWith(t, opts...)
+	return opts
+}
+
+// serverClient returns a new client of srv whose calls go through the given
+// interceptors (nil: none), under srv's prefix on an external etcd. It is
+// closed by t.Cleanup.
+func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
+	t.Helper()
+	return srv.ClientWith(t, interceptors(unary, stream)...)
 }
 
 // proxiedServerClient returns a new client of srv whose traffic goes through
@@ -170,17 +176,10 @@ func sharedEtcd() bool {
 // given interceptors (nil: none). It is closed by t.Cleanup.
 func interceptedClient(t *testing.T, endpoints []string, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
 	t.Helper()
-	var opts []grpc.DialOption
-	if unary != nil {
-		opts = append(opts, grpc.WithChainUnaryInterceptor(unary))
-	}
-	if stream != nil {
-		opts = append(opts, grpc.WithChainStreamInterceptor(stream))
-	}
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
-		DialOptions: opts,
+		DialOptions: interceptors(unary, stream),
 		Logger:      zap.NewNop(),
 	})
 	if err != nil {
