@@ -264,12 +264,20 @@ func (o *blockingObserver) Observe(e etcdlock.Event) {
 func TestObserverNeverBlocks(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
-	ctx := testContext(t)
+	// 400 pairs: seconds alone, a minute and more on a loaded machine under
+	// -race. The bound is the test's: generous.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*testTimeout)
+	defer cancel()
 	o := &blockingObserver{release: make(chan struct{})}
 	// A TTL long enough that no keep-alive (every TTL/4) falls in the run:
 	// a KeptAlive dropped with the rest would count among the dropped, and
 	// the run takes 15 s and more under -race beside other tests.
 	s := newSession(t, client, etcdlock.WithObserver(o), etcdlock.WithTTL(20*time.Minute))
+	// Close waits for the observer: release it first, also when the test
+	// fails before it does (cleanups run last registered first).
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(o.release) }) }
+	t.Cleanup(release)
 	m := etcdlock.NewMutex(s, lockName(t))
 	const pairs = 400 // 4 events each: more than the 1,024 the queue keeps
 	for range pairs {
@@ -280,7 +288,7 @@ func TestObserverNeverBlocks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	close(o.release)
+	release()
 	if err := s.Close(); err != nil { // delivers what is queued
 		t.Fatal(err)
 	}
