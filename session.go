@@ -39,7 +39,7 @@ type Session struct {
 	closing bool           // no new background work, and no new term, once set
 	bg      sync.WaitGroup // background goroutines: keep-alive readers, renewal, retries, hold monitors
 
-	retries retryQueue // the deletes etcd did not confirm, retried by one goroutine (ticket.go's alone)
+	retries retryQueue // the deletes etcd did not confirm, retried by one goroutine
 
 	events *dispatch // to the observers (WithObserver, WithLogger); nil: none
 
@@ -279,4 +279,103 @@ func (s *Session) keepAlive(tm *leaseTerm) {
 // <lease ID in hex>-<number>.
 func (s *Session) uniqueKey(tm *leaseTerm, pfx string) string {
 	return fmt.Sprintf("%s%x-%x", pfx, tm.id, s.seq.Add(1))
+}
+
+// A retry is a delete that etcd did not confirm (of a key put with the
+// lease of term), and what runs after it.
+type retry struct {
+	term *leaseTerm
+	del  func(ctx context.Context) error
+	then func()
+}
+
+// done runs what comes after the delete.
+func (r retry) done() {
+	if r.then != nil {
+		r.then()
+	}
+}
+
+// retryQueue is a Session's deletes to retry, and whether its goroutine
+// runs.
+type retryQueue struct {
+	mu      sync.Mutex
+	pending []retry
+	running bool
+}
+
+// add queues r, and starts the goroutine that retries unless it runs. Where
+// the Session is closing, the revoke of its lease does the deletes: r, and
+// whatever else is queued, are done at once.
+func (q *retryQueue) add(s *Session, r retry) {
+	q.mu.Lock()
+	q.pending = append(q.pending, r)
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start && !s.goBackground(func() { q.run(s) }) {
+		for _, r := range q.stop() {
+			r.done()
+		}
+	}
+}
+
+// stop takes every queued retry and marks the goroutine stopped.
+func (q *retryQueue) stop() []retry {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	todo := q.pending
+	q.pending, q.running = nil, false
+	return todo
+}
+
+// take returns the queued retries, or none once the queue is empty, which
+// stops the goroutine.
+func (q *retryQueue) take() []retry {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	todo := q.pending
+	q.pending = nil
+	q.running = len(todo) > 0
+	return todo
+}
+
+// put queues again the retries left of a round, before any added meanwhile.
+func (q *retryQueue) put(left []retry) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.pending = append(left, q.pending...)
+}
+
+// run retries the queued deletes, in rounds, until none is left: a round
+// tries each in turn, and stops at the first that fails (etcd is likely
+// unreachable), which goes last in the next round. A delete whose lease
+// ended, or whose Session did, is done without trying.
+func (q *retryQueue) run(s *Session) {
+	b := newBackoff()
+	for todo := q.take(); len(todo) > 0; todo = q.take() {
+		var left []retry
+		for i, r := range todo {
+			sctx := r.term.ctx()
+			if sctx.Err() != nil || s.life.Err() != nil {
+				r.done()
+				continue
+			}
+			ctx, cancel := context.WithTimeout(sctx, retryTimeout)
+			err := r.del(ctx)
+			cancel()
+			if err == nil {
+				r.done()
+				continue
+			}
+			left = append(append(left, todo[i+1:]...), r)
+			break
+		}
+		if len(left) == 0 {
+			b.reset()
+			continue
+		}
+		q.put(left)
+		_ = b.wait(s.life)
+	}
 }

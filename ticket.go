@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
@@ -98,104 +97,10 @@ func (t *ticket) releaseLater(err error, then func()) {
 	if t.turn != nil {
 		t.turn.retrying(err)
 	}
-	t.s.retries.add(t.s, retry{t, then})
-}
-
-// A retry is a delete that etcd did not confirm, and what runs after it.
-type retry struct {
-	t    *ticket
-	then func()
-}
-
-// done runs what comes after the delete.
-func (r retry) done() {
-	if r.then != nil {
-		r.then()
-	}
-}
-
-// retryQueue is a Session's deletes to retry, and whether its goroutine
-// runs.
-type retryQueue struct {
-	mu      sync.Mutex
-	pending []retry
-	running bool
-}
-
-// add queues r, and starts the goroutine that retries unless it runs. Where
-// the Session is closing, the revoke of its lease does the deletes: r, and
-// whatever else is queued, are done at once.
-func (q *retryQueue) add(s *Session, r retry) {
-	q.mu.Lock()
-	q.pending = append(q.pending, r)
-	start := !q.running
-	q.running = true
-	q.mu.Unlock()
-	if start && !s.goBackground(func() { q.run(s) }) {
-		for _, r := range q.stop() {
-			r.done()
-		}
-	}
-}
-
-// stop takes every queued retry and marks the goroutine stopped.
-func (q *retryQueue) stop() []retry {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	todo := q.pending
-	q.pending, q.running = nil, false
-	return todo
-}
-
-// take returns the queued retries, or none once the queue is empty, which
-// stops the goroutine.
-func (q *retryQueue) take() []retry {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	todo := q.pending
-	q.pending = nil
-	q.running = len(todo) > 0
-	return todo
-}
-
-// put queues again the retries left of a round, before any added meanwhile.
-func (q *retryQueue) put(left []retry) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.pending = append(left, q.pending...)
-}
-
-// run retries the queued deletes, in rounds, until none is left: a round
-// tries each in turn, and stops at the first that fails (etcd is likely
-// unreachable), which goes last in the next round. A delete whose lease
-// ended, or whose Session did, is done without trying.
-func (q *retryQueue) run(s *Session) {
-	b := newBackoff()
-	for todo := q.take(); len(todo) > 0; todo = q.take() {
-		var left []retry
-		for i, r := range todo {
-			sctx := r.t.term.ctx()
-			if sctx.Err() != nil || s.life.Err() != nil {
-				r.done()
-				continue
-			}
-			ctx, cancel := context.WithTimeout(sctx, retryTimeout)
-			_, err := r.t.Delete(ctx)
-			cancel()
-			if err == nil {
-				r.done()
-				continue
-			}
-			left = append(append(left, todo[i+1:]...), r)
-			break
-		}
-		if len(left) == 0 {
-			b.reset()
-			continue
-		}
-		q.put(left)
-		_ = b.wait(s.life)
-	}
+	t.s.retries.add(t.s, retry{term: t.term, del: func(ctx context.Context) error {
+		_, err := t.Delete(ctx)
+		return err
+	}, then: then})
 }
 
 // released reports the delete of our key in t: deleted, or found gone, or
