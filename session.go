@@ -281,6 +281,9 @@ func (s *Session) uniqueKey(tm *leaseTerm, pfx string) string {
 	return fmt.Sprintf("%s%x-%x", pfx, tm.id, s.seq.Add(1))
 }
 
+// retryTimeout bounds each background retry of a delete.
+const retryTimeout = 2 * time.Second
+
 // A retry is a delete that etcd did not confirm (of a key put with the
 // lease of term), and what runs after it.
 type retry struct {

@@ -21,8 +21,6 @@ const (
 	abortTimeout = 500 * time.Millisecond
 	// unlockTimeout bounds the delete of a release.
 	unlockTimeout = 3 * time.Second
-	// retryTimeout bounds each background retry of a delete.
-	retryTimeout = 2 * time.Second
 )
 
 // A ticket is one acquisition's key in a lock's queue, as the Session sees
