@@ -28,12 +28,12 @@ type claim struct {
 	// Mutex's turn among the goroutines of its process. It returns a hold
 	// handed on by another goroutine (t is then not used), or errBusy, or
 	// (nil, nil) to go on with t; contended says whether it waited.
-	turn func(ctx context.Context) (h *hold, contended bool, err error)
+	turn func(ctx context.Context) (h *keyHold, contended bool, err error)
 	// then runs once a failed acquisition's key is gone from etcd, or its
 	// delete has given up (a Mutex passes its turn on); may be nil.
 	then func()
 	// grant records the new hold before the call is reported; may be nil.
-	grant func(*hold)
+	grant func(*keyHold)
 }
 
 // acquire is the acquisition path of every primitive: it reports the call
@@ -44,11 +44,11 @@ type claim struct {
 // in etcd, or hands its delete to a background retry, and returns errBusy
 // where the try or the wait ran out while others held or waited ahead (each
 // primitive says that its own way), else the error failure maps.
-func (s *Session) acquire(ctx context.Context, c claim) (*hold, error) {
+func (s *Session) acquire(ctx context.Context, c claim) (*keyHold, error) {
 	a := s.events.startAcquire(c.t.kind, c.t.lock, c.t.term.id)
 	opCtx, cancel := opContext(ctx, c.t.term)
 	defer cancel()
-	fail := func(contended bool, err error) (*hold, error) {
+	fail := func(contended bool, err error) (*keyHold, error) {
 		err = failure(ctx, c.t.term, c.t.lock, err)
 		reported := err
 		if errors.Is(err, errBusy) {

@@ -24,10 +24,10 @@ var closedDone = func() chan struct{} {
 // for the observers.
 const lossReadTimeout = 500 * time.Millisecond
 
-// A hold is one hold of a key in etcd, from its acquisition to its release:
-// the key, whose create revision is the fencing token, and the loss signal,
-// whose channel closes when the hold ends or is lost.
-type hold struct {
+// A keyHold is one hold of a key in etcd, from its acquisition to its
+// release: the key, whose create revision is the fencing token, and the loss
+// signal, whose channel closes when the hold ends or is lost.
+type keyHold struct {
 	t     *ticket   // our key
 	since time.Time // when the hold began
 
@@ -40,13 +40,13 @@ type hold struct {
 }
 
 // newHold begins a hold of t's key.
-func (t *ticket) newHold() *hold {
-	return &hold{t: t, since: time.Now(), done: make(chan struct{})}
+func (t *ticket) newHold() *keyHold {
+	return &keyHold{t: t, since: time.Now(), done: make(chan struct{})}
 }
 
 // again returns a new hold of the same key: a local hand-off keeps the key
 // and token but gives the next goroutine a loss signal of its own.
-func (h *hold) again() *hold { return h.t.newHold() }
+func (h *keyHold) again() *keyHold { return h.t.newHold() }
 
 // Hold is one hold, as a snapshot taken at one moment; Done and IsOwner
 // follow the hold after it. The zero Hold describes no hold.
@@ -56,7 +56,7 @@ type Hold struct {
 	Token int64            // the fencing token: the create revision of our key (every key of a MultiMutex's hold shares it)
 	Lease clientv3.LeaseID // our key's lease, the Session's at the acquisition: a key f puts with it goes when that lease does
 
-	h *hold // the hold, for Done; nil in the zero Hold
+	h *keyHold // the hold, for Done; nil in the zero Hold
 }
 
 // Done returns this hold's loss signal, as Mutex.Done does.
@@ -92,14 +92,14 @@ func ownerCmp(key string, rev int64) clientv3.Cmp {
 }
 
 // snapshot returns the hold as a Hold of the lock name.
-func (h *hold) snapshot(name string) Hold {
+func (h *keyHold) snapshot(name string) Hold {
 	return Hold{Name: name, Key: h.keyOf(name), Token: h.token(), Lease: h.t.term.id, h: h}
 }
 
 // keyOf returns the hold's key in the queue of the lock name: for a
 // MultiMutex's hold seen through a Mutex of one of its names, that name's
 // key; otherwise (and for the MultiMutex itself) the ticket's first key.
-func (h *hold) keyOf(name string) string {
+func (h *keyHold) keyOf(name string) string {
 	if h.t.kind == KindMulti {
 		key := fmt.Sprintf("%s/%x", name, h.t.term.id)
 		if slices.Contains(h.t.Keys(), key) {
@@ -110,12 +110,12 @@ func (h *hold) keyOf(name string) string {
 }
 
 // token returns the hold's fencing token.
-func (h *hold) token() int64 { return h.t.Rev() }
+func (h *keyHold) token() int64 { return h.t.Rev() }
 
 // knownLost reports whether the hold is known to be lost: its loss signal
 // closed for a loss (not for its end), or the lease term of its key ended.
 // A hold whose loss signal nobody asked for is known lost only by its term.
-func (h *hold) knownLost() bool {
+func (h *keyHold) knownLost() bool {
 	h.mu.Lock()
 	gone := h.gone
 	h.mu.Unlock()
@@ -125,7 +125,7 @@ func (h *hold) knownLost() bool {
 // end is called when the hold is released: it closes the channel and stops
 // the monitor. A loss the monitor finds after this is no loss. It reports
 // whether this call ended the hold (false: it had ended already).
-func (h *hold) end() bool {
+func (h *keyHold) end() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ended {
@@ -143,7 +143,7 @@ func (h *hold) end() bool {
 }
 
 // over reports whether the hold was released (end was called).
-func (h *hold) over() bool {
+func (h *keyHold) over() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.ended
@@ -160,7 +160,7 @@ func (h *hold) over() bool {
 //     the reply came; never while etcd answers the keep-alives (sent every
 //     TTL/4) within 5/12 of the TTL;
 //   - when the Session ends, and when the hold ends.
-func (h *hold) lost() <-chan struct{} {
+func (h *keyHold) lost() <-chan struct{} {
 	s := h.t.s
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -177,7 +177,7 @@ func (h *hold) lost() <-chan struct{} {
 
 // monitor closes the channel when the hold is lost, and returns when it is,
 // or when ctx ends (the hold ended or the Session ended).
-func (h *hold) monitor(ctx context.Context) {
+func (h *keyHold) monitor(ctx context.Context) {
 	var why LossReason
 	for from := h.token() + 1; from != 0; {
 		from, why = h.watchLoss(ctx, from)
@@ -203,7 +203,7 @@ func (h *hold) monitor(ctx context.Context) {
 // sent).
 // A deleted key is asked about once, within a bound, since the revoke or
 // expiry of our lease deletes it too; only observed Sessions pay that read.
-func (h *hold) lossReason(why LossReason) LossReason {
+func (h *keyHold) lossReason(why LossReason) LossReason {
 	s, tm := h.t.s, h.t.term
 	if why == LossKeepAliveSilent {
 		return why
@@ -246,7 +246,7 @@ func (h *hold) lossReason(why LossReason) LossReason {
 // clock matters most. So each key's watch is opened, and its responses
 // passed on, by a goroutine of its own, which watchLoss waits for before it
 // returns.
-func (h *hold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
+func (h *keyHold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
 	s, tm := h.t.s, h.t.term
 	wctx, cancel := context.WithCancel(ctx)
 	responses := make(chan watched)
@@ -335,7 +335,7 @@ func forward(ctx context.Context, wch clientv3.WatchChan, out chan<- watched) {
 // The read ends by the point of keep-alive silence, too: a read that hangs on
 // an unreachable etcd must not hold up the early warning, which the caller
 // gives as soon as the read returns.
-func (h *hold) keyThere(ctx context.Context) (int64, bool) {
+func (h *keyHold) keyThere(ctx context.Context) (int64, bool) {
 	s, tm := h.t.s, h.t.term
 	d := min(tm.ttl/3, tm.untilSilent())
 	if d <= 0 {
@@ -355,7 +355,7 @@ func (h *hold) keyThere(ctx context.Context) (int64, bool) {
 
 // reportEnd reports the end of hold h: its release, or its hand-off to
 // another goroutine of this process.
-func (h *hold) reportEnd() {
+func (h *keyHold) reportEnd() {
 	t := h.t
 	if t.s.events != nil {
 		now := time.Now()
@@ -368,7 +368,7 @@ func (h *hold) reportEnd() {
 // etcd's error, wrapped, when etcd did not confirm the delete; the delete is
 // then retried in the background, and then runs after it. Otherwise then
 // runs before unlock returns.
-func (h *hold) unlock(ctx context.Context, then func()) error {
+func (h *keyHold) unlock(ctx context.Context, then func()) error {
 	t := h.t
 	h.reportEnd()
 	if t.term.Expired() {

@@ -77,7 +77,7 @@ func groupTurn(ctx context.Context, s *Session, name string, try bool) (*lockSta
 
 // grantGroup makes the calling goroutine, which has the turn, the holder of
 // the group's hold h.
-func (st *lockState) grantGroup(group string, h *hold) {
+func (st *lockState) grantGroup(group string, h *keyHold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -87,7 +87,7 @@ func (st *lockState) grantGroup(group string, h *hold) {
 // leaveGroup ends one hold of group by the calling goroutine. When it ends
 // the last one, it returns the hold, whose keys the caller must delete
 // before it passes the turn on.
-func (st *lockState) leaveGroup(group string) (departure, *hold) {
+func (st *lockState) leaveGroup(group string) (departure, *keyHold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -105,7 +105,7 @@ func (st *lockState) leaveGroup(group string) (departure, *hold) {
 
 // groupHold returns the group's current hold in this process, nil if none;
 // with mine, only the calling goroutine's.
-func (st *lockState) groupHold(group string, mine bool) *hold {
+func (st *lockState) groupHold(group string, mine bool) *keyHold {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.group != group || (mine && st.owner != goid.Get()) {

@@ -122,7 +122,7 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 			st.passTurn()
 		}
 	}
-	turn := func(ctx context.Context) (*hold, bool, error) {
+	turn := func(ctx context.Context) (*keyHold, bool, error) {
 		contended := false
 		for _, name := range m.names {
 			st, waited, err := groupTurn(ctx, m.s, name, wait == tryOnly)
@@ -135,7 +135,7 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 		}
 		return nil, contended, nil
 	}
-	grant := func(h *hold) {
+	grant := func(h *keyHold) {
 		for _, st := range turns {
 			st.grantGroup(m.group, h)
 		}
@@ -208,7 +208,7 @@ func (m *MultiMutex) Done() <-chan struct{} {
 
 // current returns this process's current hold of the names (with mine,
 // only the calling goroutine's), nil if none.
-func (m *MultiMutex) current(mine bool) *hold {
+func (m *MultiMutex) current(mine bool) *keyHold {
 	if m == nil || m.s == nil || len(m.names) == 0 {
 		return nil
 	}

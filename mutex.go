@@ -94,7 +94,7 @@ func (m *Mutex) acquire(ctx context.Context, wait time.Duration) (bool, error) {
 	}
 	// Our process's turn first: one key per process, taken by one
 	// goroutine at a time.
-	turn := func(ctx context.Context) (*hold, bool, error) { return st.await(ctx, how, w) }
+	turn := func(ctx context.Context) (*keyHold, bool, error) { return st.await(ctx, how, w) }
 	t := m.ticket(tm)
 	t.turn = st
 	_, err = m.s.acquire(ctx, claim{t: t, wait: wait, turn: turn, then: st.passTurn, grant: st.grant})
@@ -228,7 +228,7 @@ func (m *Mutex) lookup() *lockState {
 }
 
 // current returns this process's current hold of the lock, nil if none.
-func (m *Mutex) current() *hold {
+func (m *Mutex) current() *keyHold {
 	if st := m.lookup(); st != nil {
 		return st.current()
 	}

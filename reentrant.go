@@ -49,7 +49,7 @@ type holderState struct {
 	owner  int64    // goroutine id of the holder; 0 when not held
 	scopes []*scope // the holder's open Do scopes: their goroutines hold too
 	holds  int      // how many holds there are, the scopes' included
-	hold   *hold    // the current hold: its token and loss signal; nil when not held
+	hold   *keyHold // the current hold: its token and loss signal; nil when not held
 	// group is the MultiMutex (its names, joined) whose hold this is; ""
 	// for a Mutex's. A group's holds are counted in each of its records.
 	group string
@@ -115,7 +115,7 @@ func (st *lockState) enter(ctx context.Context, try bool) (entry, *waiter, bool)
 }
 
 // grant makes the calling goroutine, which has the turn, the holder of h.
-func (st *lockState) grant(h *hold) {
+func (st *lockState) grant(h *keyHold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -137,7 +137,7 @@ const (
 // waiter (WithLocalHandoff), it returns the ended hold, whose key the caller
 // must delete before it passes the turn on. While a Do scope is open, its
 // last hold is Do's to end.
-func (st *lockState) leave(ctx context.Context) (departure, *hold) {
+func (st *lockState) leave(ctx context.Context) (departure, *keyHold) {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -183,7 +183,7 @@ func (st *lockState) holdCount() int {
 
 // mine returns the calling goroutine's hold, nil if it holds none (a
 // goroutine that holds through a Do scope asks HoldFrom).
-func (st *lockState) mine() *hold {
+func (st *lockState) mine() *keyHold {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -194,7 +194,7 @@ func (st *lockState) mine() *hold {
 }
 
 // current returns the process's current hold, nil if none.
-func (st *lockState) current() *hold {
+func (st *lockState) current() *keyHold {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.hold
@@ -273,7 +273,7 @@ type turnState struct {
 type waiter struct {
 	ready   chan struct{} // closed when the turn is handed to this waiter
 	granted bool          // the turn is this waiter's
-	handed  *hold         // the hold itself came with the turn (a local hand-off)
+	handed  *keyHold      // the hold itself came with the turn (a local hand-off)
 	group   bool          // a MultiMutex waits: the turn, never a Mutex's hold
 }
 
@@ -299,7 +299,7 @@ func (st *lockState) takeTurn(try, group bool) (entry, *waiter) {
 // taken, errCleaning for one that found it waiting for a delete, the wait of
 // a queued goroutine (and the hold, if one came with the turn), else
 // nothing; waited says whether it waited.
-func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, waited bool, err error) {
+func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *keyHold, waited bool, err error) {
 	switch how {
 	case turnBusy:
 		return nil, true, errBusy
@@ -319,7 +319,7 @@ func (st *lockState) await(ctx context.Context, how entry, w *waiter) (h *hold, 
 // leaving the queue as it was; or errCleaning if the turn was then waiting
 // for the delete of an earlier key of this process: nobody else held or
 // waited.
-func (st *lockState) awaitTurn(ctx context.Context, w *waiter) (*hold, error) {
+func (st *lockState) awaitTurn(ctx context.Context, w *waiter) (*keyHold, error) {
 	select {
 	case <-w.ready:
 		return w.handed, nil
@@ -370,7 +370,7 @@ func (st *lockState) cleaningErr() error {
 // handOff passes the hold, with its etcd key and token, to the oldest local
 // waiter, if WithLocalHandoff allows one more in a row and the hold is not
 // known lost. It is called with st.mu held, after h.end.
-func (st *lockState) handOff(h *hold) bool {
+func (st *lockState) handOff(h *keyHold) bool {
 	if len(st.queue) == 0 || st.queue[0].group || st.handoffs >= st.s.maxHandoffs || h.knownLost() {
 		st.handoffs = 0
 		return false

@@ -116,7 +116,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 		kind, r, sub = KindWrite, rw.writer, "/write/"
 	}
 	t := rw.s.newTicket(tm, rw.name, kind, r, rw.s.uniqueKey(tm, rw.name+sub), rw.s.identity)
-	_, err = rw.s.acquire(ctx, claim{t: t, wait: wait, grant: func(h *hold) { rw.grant(write, h) }})
+	_, err = rw.s.acquire(ctx, claim{t: t, wait: wait, grant: func(h *keyHold) { rw.grant(write, h) }})
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}
@@ -124,7 +124,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool, wait time.Duration) 
 }
 
 // grant records the calling goroutine's new hold, on the live record.
-func (rw *RWMutex) grant(write bool, h *hold) {
+func (rw *RWMutex) grant(write bool, h *keyHold) {
 	for !rw.state(true).grant(write, h) {
 		// Retired as we looked: the next look creates a new record.
 	}

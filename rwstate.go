@@ -29,7 +29,7 @@ type rwState struct {
 type rwHold struct {
 	holds  int
 	nested int
-	h      *hold
+	h      *keyHold
 }
 
 // rwMutexState returns the live record of the RWMutex name of s, creating
@@ -73,7 +73,7 @@ func (st *rwState) enter(write bool) (bool, error) {
 
 // grant records the hold that the calling goroutine took. It returns false
 // if the record was retired meanwhile: grant on the live one.
-func (st *rwState) grant(write bool, h *hold) bool {
+func (st *rwState) grant(write bool, h *keyHold) bool {
 	gid := goid.Get()
 	st.mu.Lock()
 	defer st.mu.Unlock()

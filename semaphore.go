@@ -99,7 +99,7 @@ func (sem *Semaphore) check(ctx context.Context) error {
 // A Permit is one hold of a Semaphore, from Acquire to Release.
 type Permit struct {
 	sem *Semaphore
-	h   *hold // its end is the release: kept there, once
+	h   *keyHold // its end is the release: kept there, once
 }
 
 // Release gives the permit back, as the last unlock of a Mutex does;
