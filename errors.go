@@ -15,9 +15,9 @@ var (
 	// Permit.Release for a nil or released Permit. Nothing is changed.
 	ErrNotHeld = errors.New("etcdlock: unlock of a lock not held by this goroutine")
 
-	// ErrSessionExpired is returned by every lock call once the Session's
+	// ErrSessionExpired is returned by every lock call once its session's
 	// lease is gone (revoked, expired, closed, its client closed, its
-	// WithContext context ended): make a new Session. WithRenewal it means
+	// WithContext context ended): make a new session. WithRenewal it means
 	// "the lease this call used is gone": a later call takes the next one.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
 
@@ -31,7 +31,7 @@ var (
 	ErrInvalidArgument = errors.New("etcdlock: invalid argument")
 
 	// ErrLockLost is returned by the unlock that ends a hold whose key was
-	// gone (deleted, or its lease expired) while the Session lives: the
+	// gone (deleted, or its lease expired) while its session lives: the
 	// critical section may not have been exclusive. It is returned, changing
 	// nothing, to a goroutine that locks again a hold known lost (its Done
 	// closed, or its lease gone), and by Do when the hold was lost under f.
@@ -56,11 +56,11 @@ var (
 )
 
 // validate returns the error that makes a call on the lock name impossible,
-// if any: no Session (hasSession false), no context, or no name.
+// if any: no session (hasSession false), no context, or no name.
 func validate(hasSession bool, name string, ctx context.Context) error {
 	switch {
 	case !hasSession:
-		return fmt.Errorf("%w: nil Session", ErrInvalidArgument)
+		return fmt.Errorf("%w: nil session", ErrInvalidArgument)
 	case ctx == nil:
 		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
 	case name == "":

@@ -16,7 +16,7 @@ const (
 	KindMutex     Kind = "mutex"     // a Mutex's key (and Lead's, Do's, concurrency.Mutex's, etcdctl lock's)
 	KindRead      Kind = "read"      // an RWMutex reader's
 	KindWrite     Kind = "write"     // an RWMutex writer's
-	KindSemaphore Kind = "semaphore" // a Semaphore permit's
+	KindSemaphore Kind = "semaphore" // a permit's
 	KindMulti     Kind = "multi"     // a MultiMutex's call, in events; Inspect lists its keys as KindMutex
 )
 
@@ -41,5 +41,5 @@ func describeLimit(value []byte) string {
 	if n, ok := limitOf(value); ok {
 		return "limit " + strconv.Itoa(n)
 	}
-	return "no limit (not a Semaphore's key)"
+	return "no limit (not a semaphore's key)"
 }
