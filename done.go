@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -101,7 +100,7 @@ func (h *keyHold) snapshot(name string) Hold {
 // key; otherwise (and for the MultiMutex itself) the ticket's first key.
 func (h *keyHold) keyOf(name string) string {
 	if h.t.kind == KindMulti {
-		key := fmt.Sprintf("%s/%x", name, h.t.term.id)
+		key := mutexKey(name, h.t.term.id)
 		if slices.Contains(h.t.Keys(), key) {
 			return key
 		}

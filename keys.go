@@ -4,8 +4,11 @@ package etcdlock
 // and the values they carry.
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A Kind is the kind of a key in a lock's queue, and of a lock call.
@@ -42,4 +45,11 @@ func describeLimit(value []byte) string {
 		return "limit " + strconv.Itoa(n)
 	}
 	return "no limit (not a semaphore's key)"
+}
+
+// mutexKey is the key of a Mutex of name with lease id, as etcd's
+// concurrency.Mutex and etcdctl lock name it: a MultiMutex's keys are its
+// names' Mutex keys.
+func mutexKey(name string, id clientv3.LeaseID) string {
+	return fmt.Sprintf("%s/%x", name, id)
 }

@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -117,7 +116,7 @@ func (m *Mutex) enter(ctx context.Context, try bool) (*lockState, entry, *waiter
 // ticket returns our key in the lock's queue, for a new acquisition with
 // the lease of tm: name/<lease ID in hex>.
 func (m *Mutex) ticket(tm *leaseTerm) *ticket {
-	return m.s.newTicket(tm, m.name, KindMutex, m.rule, fmt.Sprintf("%s/%x", m.name, tm.id), m.s.identity)
+	return m.s.newTicket(tm, m.name, KindMutex, m.rule, mutexKey(m.name, tm.id), m.s.identity)
 }
 
 // UnlockContext ends one hold of the calling goroutine, or of the Do scope

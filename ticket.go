@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
@@ -56,7 +55,7 @@ func (s *Session) newTicket(tm *leaseTerm, name string, kind Kind, r *queue.Rule
 func (s *Session) newGroupTicket(tm *leaseTerm, names []string, rules []*queue.Rule) *ticket {
 	slots := make([]queue.Slot, len(names))
 	for i, name := range names {
-		slots[i] = queue.Slot{Rule: rules[i], Key: fmt.Sprintf("%s/%x", name, tm.id), Value: s.identity}
+		slots[i] = queue.Slot{Rule: rules[i], Key: mutexKey(name, tm.id), Value: s.identity}
 	}
 	return &ticket{Ticket: queue.NewGroup(tm.conn, slots...), s: s, term: tm, lock: strings.Join(names, ","), kind: KindMulti}
 }

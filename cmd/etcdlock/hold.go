@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -168,7 +167,7 @@ func (l *runLock) key() string {
 	case counted:
 		return l.permit.Key()
 	}
-	return fmt.Sprintf("%s/%x", l.names[0], l.s.Lease())
+	return etcdlock.NewMutex(l.s, l.names[0]).Key()
 }
 
 func (l *runLock) token() int64 {
