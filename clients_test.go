@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -19,7 +21,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.etcd.io/etcd/client/v3/namespace"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
@@ -84,13 +85,17 @@ func serverClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInte
 func proxiedServerClient(t *testing.T, srv *etcdtest.Server, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) (*clientv3.Client, *etcdtest.Proxy) {
 	t.Helper()
 	_, proxy := srv.ProxiedClient(t)
-	c := interceptedClient(t, proxy.Endpoints(), unary, stream)
-	if prefix := serverPrefix(t, srv); prefix != "" {
-		c.KV = namespace.NewKV(c.KV, prefix)
-		c.Watcher = namespace.NewWatcher(c.Watcher, prefix)
-		c.Lease = namespace.NewLease(c.Lease, prefix)
+	u, err := url.Parse(proxy.Endpoints()[0])
+	if err != nil {
+		t.Fatalf("proxy endpoint: %v", err)
 	}
-	return c, proxy
+	// A client of srv (under its prefix, as its others), dialled through
+	// the proxy.
+	viaProxy := grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", u.Host)
+	})
+	return srv.ClientWith(t, append(interceptors(unary, stream), viaProxy)...), proxy
 }
 
 // serverPrefix returns the prefix srv's clients put before every key they
