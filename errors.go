@@ -34,7 +34,8 @@ var (
 	// gone (deleted, or its lease expired) while its session lives: the
 	// critical section may not have been exclusive. It is returned, changing
 	// nothing, to a goroutine that locks again a hold known lost (its Done
-	// closed, or its lease gone), and by Do when the hold was lost under f.
+	// closed, or its lease gone), by Do when the hold was lost under f, and
+	// by CheckFence for a fence whose hold no longer holds.
 	ErrLockLost = errors.New("etcdlock: lock lost")
 
 	// ErrWouldDeadlock is returned, changing nothing, to a goroutine that
@@ -53,6 +54,11 @@ var (
 
 	// ErrNoLeader is returned, wrapped, by LeaderOf when nobody leads.
 	ErrNoLeader = errors.New("etcdlock: no leader")
+
+	// ErrInvalidFence is returned, wrapped with what is wrong, by ParseFence,
+	// Fence.MarshalText and CheckFence for text or a Fence that names no hold
+	// of a lock; nothing is read or written.
+	ErrInvalidFence = errors.New("etcdlock: invalid fence")
 )
 
 // validate returns the error that makes a call on the lock name impossible,

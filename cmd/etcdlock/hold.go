@@ -180,6 +180,12 @@ func (l *runLock) token() int64 {
 	return l.m.Token()
 }
 
+// fence is the fence COMMAND gets: of the key and token above, in the queue
+// of the first name.
+func (l *runLock) fence() etcdlock.Fence {
+	return etcdlock.Fence{Name: l.names[0], Key: l.key(), Token: l.token()}
+}
+
 // done returns the channels that close when a hold of the run is lost or
 // about to be: one, but for an exclusive run, which holds a write lock of
 // each name besides.

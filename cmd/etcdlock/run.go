@@ -45,7 +45,12 @@ its own (the terminal's foreground group while it runs, if stdin is a
 terminal and etcdlock is its foreground job, so that COMMAND may read it),
 with ETCDLOCK_KEY and ETCD_LOCK_KEY set to the lock's etcd key and
 ETCDLOCK_TOKEN and ETCD_LOCK_REV to its fencing token (the key's create
-revision). Exits with COMMAND's status (128+N if signal N killed it), and
+revision), and ETCDLOCK_FENCE to the fence, which names the lock, the key
+and the token in one word, such as etcdlock:1042:NAME:694d8f3a2b1c: pass it
+with each write to what the lock guards (the etcdlock package's
+ParseFence reads it; etcdlock check FENCE asks etcd whether it still
+holds). ETCDLOCK_TOKEN stays a number, as ETCD_LOCK_REV, for scripts that
+compare tokens. Exits with COMMAND's status (128+N if signal N killed it), and
 releases the lock once COMMAND has exited.
 
 Its key in etcd holds an identity, which etcdlock holders shows: by default
@@ -505,6 +510,7 @@ func (r *runner) runHeld() error {
 		fmt.Sprintf("ETCDLOCK_TOKEN=%d", token),
 		"ETCD_LOCK_KEY="+key,
 		fmt.Sprintf("ETCD_LOCK_REV=%d", token),
+		"ETCDLOCK_FENCE="+r.l.fence().String(),
 	)
 	cmd.SysProcAttr = childAttr()
 	// An interactive COMMAND reads the terminal as its foreground job; it

@@ -28,7 +28,7 @@ func TestRunNoOverlap(t *testing.T) {
 	cli := srv.Client(t)
 	name := lockName(t)
 	log := filepath.Join(t.TempDir(), "log")
-	script := `echo "start $ETCDLOCK_TOKEN $ETCDLOCK_KEY $ETCD_LOCK_KEY $ETCD_LOCK_REV" >>"$LOG"; sleep 0.2; echo "end $ETCDLOCK_TOKEN" >>"$LOG"`
+	script := `echo "start $ETCDLOCK_TOKEN $ETCDLOCK_KEY $ETCD_LOCK_KEY $ETCD_LOCK_REV $ETCDLOCK_FENCE" >>"$LOG"; sleep 0.2; echo "end $ETCDLOCK_TOKEN" >>"$LOG"`
 
 	const runs = 3
 	procs := make([]*proc, runs)
@@ -50,7 +50,7 @@ func TestRunNoOverlap(t *testing.T) {
 	var last int64
 	for i := 0; i < len(lines); i += 2 {
 		start, end := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		if len(start) != 5 || start[0] != "start" || len(end) != 2 || end[0] != "end" || end[1] != start[1] {
+		if len(start) != 6 || start[0] != "start" || len(end) != 2 || end[0] != "end" || end[1] != start[1] {
 			t.Fatalf("log lines %d-%d: got %q, %q, want a start then the end of the same token:\n%s", i+1, i+2, lines[i], lines[i+1], b)
 		}
 		token, err := strconv.ParseInt(start[1], 10, 64)
@@ -61,6 +61,9 @@ func TestRunNoOverlap(t *testing.T) {
 		key := start[2]
 		if !strings.HasPrefix(key, name+"/") || start[3] != key || start[4] != start[1] {
 			t.Fatalf("env: got ETCDLOCK_KEY=%s ETCD_LOCK_KEY=%s ETCD_LOCK_REV=%s, want keys %s/<lease> and the revision %s", key, start[3], start[4], name, start[1])
+		}
+		if f, err := etcdlock.ParseFence(start[5]); err != nil || f != (etcdlock.Fence{Name: name, Key: key, Token: token}) {
+			t.Fatalf("ETCDLOCK_FENCE=%s: read as %+v, %v; want the lock %s, key %s, token %d", start[5], f, err, name, key, token)
 		}
 	}
 	if keys := lockKeys(t, cli, name); len(keys) != 0 {

@@ -1,0 +1,222 @@
+package etcdlock
+
+// A hold's fencing token in a form that travels to the resource it guards,
+// and the check of such a token against etcd.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// fenceText begins the text form of a Fence; a later form would begin
+// otherwise, so that a reader of this one refuses it.
+const fenceText = "etcdlock:"
+
+// A Fence names one hold so that a resource the lock guards can check it:
+// the lock's name, the hold's key and its fencing token. Its text form
+// (String) goes in an HTTP header, an SQL parameter, a queue message or an
+// environment variable, and ParseFence reads it back.
+//
+// A resource that keeps, per lock name, the highest Token it has accepted and
+// refuses lower ones accepts no write from a holder that was paused or cut
+// off after etcd gave the lock to someone else (the fence package does this
+// in SQL and HTTP). That rule is for exclusive holds (a Mutex, an RWMutex's
+// writer, a MultiMutex, Do, Lead): an RWMutex's readers and a Semaphore's
+// permits hold together, and the older of two would be refused; CheckFence
+// answers for them too. The zero Fence names no hold.
+type Fence struct {
+	Name  string // the lock's name: the resource keeps the highest token per name
+	Key   string // the hold's key, under Name+"/"
+	Token int64  // the hold's fencing token: its key's create revision
+}
+
+// Fence returns the hold's fence; the zero Fence for the zero Hold. A
+// MultiMutex's hold gives its first name's; a Mutex m of another of its
+// names gives that name's Key and Token: Fence{Name: name, Key: m.Key(),
+// Token: m.Token()}.
+func (h Hold) Fence() Fence {
+	if h.h == nil {
+		return Fence{}
+	}
+	name := h.Name
+	if h.h.t.kind == KindMulti {
+		name = h.Key[:strings.LastIndexByte(h.Key, '/')]
+	}
+	return Fence{Name: name, Key: h.Key, Token: h.Token}
+}
+
+// Fence returns the permit's fence, the zero Fence once released.
+func (p *Permit) Fence() Fence {
+	if p.Token() == 0 {
+		return Fence{}
+	}
+	return Fence{Name: p.sem.name, Key: p.h.t.Key(), Token: p.h.token()}
+}
+
+// String returns the fence's text form, "" for the zero Fence: "etcdlock:",
+// the token, ":", the name, ":", and the key after the name's "/", such as
+// etcdlock:1042:jobs/nightly:694d8f3a2b1c. Bytes other than ASCII letters,
+// digits and -_./~ are written %XX, so the form is printable ASCII without
+// spaces, and ParseFence reads back the same Fence.
+func (f Fence) String() string {
+	if f == (Fence{}) {
+		return ""
+	}
+	rest, _ := strings.CutPrefix(f.Key, f.Name+"/")
+	return fenceText + strconv.FormatInt(f.Token, 10) + ":" + escapeFence(f.Name) + ":" + escapeFence(rest)
+}
+
+// MarshalText returns the text form, as String does; an error for a Fence
+// that ParseFence would refuse, other than the zero Fence (empty text).
+func (f Fence) MarshalText() ([]byte, error) {
+	if f == (Fence{}) {
+		return []byte{}, nil
+	}
+	if err := f.valid(); err != nil {
+		return nil, err
+	}
+	return []byte(f.String()), nil
+}
+
+// UnmarshalText reads a text form, as ParseFence does; empty text gives the
+// zero Fence. On error f is unchanged.
+func (f *Fence) UnmarshalText(text []byte) error {
+	if len(text) == 0 {
+		*f = Fence{}
+		return nil
+	}
+	g, err := ParseFence(string(text))
+	if err != nil {
+		return err
+	}
+	*f = g
+	return nil
+}
+
+// ParseFence reads the text form of a fence. It returns an error wrapping
+// ErrInvalidFence, which says what is wrong, for anything else: another
+// prefix, a token that is not a positive decimal, an empty name, a bad
+// escape, or a key that is not a lock key of that name.
+func ParseFence(s string) (Fence, error) {
+	body, ok := strings.CutPrefix(s, fenceText)
+	if !ok {
+		return Fence{}, fmt.Errorf("%w %q: does not begin with %q", ErrInvalidFence, clip(s), fenceText)
+	}
+	parts := strings.Split(body, ":")
+	if len(parts) != 3 {
+		return Fence{}, fmt.Errorf("%w %q: want %s<token>:<name>:<key after the name>", ErrInvalidFence, clip(s), fenceText)
+	}
+	token, err := strconv.ParseInt(parts[0], 10, 64)
+	if err != nil || token < 1 || parts[0] != strconv.FormatInt(token, 10) {
+		return Fence{}, fmt.Errorf("%w %q: the token %q is not a positive decimal", ErrInvalidFence, clip(s), clip(parts[0]))
+	}
+	name, err1 := unescapeFence(parts[1])
+	rest, err2 := unescapeFence(parts[2])
+	if err1 != nil || err2 != nil {
+		return Fence{}, fmt.Errorf("%w %q: bad %%-escape", ErrInvalidFence, clip(s))
+	}
+	f := Fence{Name: name, Key: name + "/" + rest, Token: token}
+	if err := f.valid(); err != nil {
+		return Fence{}, err
+	}
+	return f, nil
+}
+
+// valid returns the error that makes f no fence of a hold: no name, a token
+// below 1, or a key that is no lock key of the name.
+func (f Fence) valid() error {
+	switch {
+	case f.Name == "":
+		return fmt.Errorf("%w: empty lock name", ErrInvalidFence)
+	case f.Token < 1:
+		return fmt.Errorf("%w: token %d is not positive", ErrInvalidFence, f.Token)
+	case !inQueue(f.Name+"/", []byte(f.Key)) || strings.HasSuffix(f.Key, "/"):
+		return fmt.Errorf("%w: %q is not a lock key of %q", ErrInvalidFence, f.Key, f.Name)
+	}
+	return nil
+}
+
+// CheckFence reports, with one read of the lock's queue, whether f's hold is
+// a holder of its lock now: nil if its key is in etcd with f's token and
+// holds; an error wrapping ErrLockLost if the key is gone, was made anew or
+// waits; an error wrapping ErrInvalidFence for an invalid f; etcd's error if
+// the read failed. It is Chubby's CheckSequencer, for a server that receives
+// a fence and can reach etcd: the answer is true at a moment during the call,
+// and a holder can lose the lock right after it, so a write that must not
+// follow a lost hold still needs a resource that refuses stale tokens, or a
+// Txn guarded by the key's create revision. Nothing is written.
+func CheckFence(ctx context.Context, client *clientv3.Client, f Fence) error {
+	if err := f.valid(); err != nil {
+		return err
+	}
+	entries, _, err := inspectAt(ctx, client, f.Name)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Key != f.Key {
+			continue
+		}
+		switch {
+		case e.Token != f.Token:
+			return errorf("check fence", f.Name, fmt.Errorf("%w: key %s was made anew (token %d, the fence's %d)", ErrLockLost, f.Key, e.Token, f.Token))
+		case !e.Holds:
+			return errorf("check fence", f.Name, fmt.Errorf("%w: key %s waits, it does not hold", ErrLockLost, f.Key))
+		}
+		return nil
+	}
+	return errorf("check fence", f.Name, fmt.Errorf("%w: key %s is gone", ErrLockLost, f.Key))
+}
+
+// escapeFence writes s for a fence's text form: %XX for every byte but ASCII
+// letters, digits and -_./~.
+func escapeFence(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_./~", c) >= 0 {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	return b.String()
+}
+
+// unescapeFence reads what escapeFence wrote; an error for a bad escape or a
+// byte escapeFence would have escaped.
+func unescapeFence(s string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '%' {
+			if escapeFence(string(c)) != string(c) {
+				return "", fmt.Errorf("byte %q is not escaped", c)
+			}
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", fmt.Errorf("short escape")
+		}
+		v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", err
+		}
+		b.WriteByte(byte(v))
+		i += 2
+	}
+	return b.String(), nil
+}
+
+// clip shortens s for an error message.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
