@@ -211,3 +211,15 @@ func (p *Proxy) Unpause() {
 		srv.UnpauseRx()
 	}
 }
+
+// PauseWhile pauses the client's traffic, as Pause does, while f runs: the
+// holder that calls it stops, and its keep-alives wait in the proxy, as if
+// a GC pause or a frozen VM had stopped its process. With f waiting for
+// longer than the lease's TTL, or until the next holder has the lock
+// (Resource.WaitNewer), the holder goes on after its lease expired, without
+// having seen its loss: what fencing tokens exist for.
+func (p *Proxy) PauseWhile(f func()) {
+	p.Pause()
+	defer p.Unpause()
+	f()
+}
