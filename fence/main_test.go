@@ -9,5 +9,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	holderMain() // a holder process of the counter chaos (chaos_test.go), when run as one
 	goleak.VerifyTestMain(etcdtest.Main(m))
 }
