@@ -85,7 +85,11 @@
 //
 //   - Token, the create revision of the hold's key, strictly increases from
 //     one owner to the next: pass it with every write, and let the resource
-//     reject tokens lower than the highest it has seen.
+//     reject tokens lower than the highest it has seen. A Fence (Hold.Fence)
+//     carries it with the lock's name and key in one printable word;
+//     ParseFence reads it back, CheckFence asks etcd whether it still holds,
+//     and the package github.com/etcdlock/etcdlock/fence refuses stale ones
+//     in SQL and HTTP.
 //   - IsOwner makes an etcd Txn fail once the hold has ended or been lost.
 //   - Done, the hold's loss signal, stays open through re-locks and closes on
 //     the last unlock. While the hold lasts it closes within about 100 ms of

@@ -3,7 +3,7 @@ module github.com/etcdlock/etcdlock/fence
 go 1.26.0
 
 require (
-	github.com/etcdlock/etcdlock v1.0.0
+	github.com/etcdlock/etcdlock v1.1.0
 	github.com/lib/pq v1.12.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/goleak v1.3.0

@@ -4,6 +4,7 @@
 //
 //	etcdlock run [flags] NAME -- COMMAND [ARGS...]
 //	etcdlock holders [--watch] [flags] NAME
+//	etcdlock check [flags] FENCE
 //	etcdlock demo [flags]
 //
 // Its locks are those of the etcdlock package, of etcd's concurrency.Mutex
@@ -89,6 +90,8 @@ func cli(args []string, sio stdio) int {
 		err = runCommand(rest, sio)
 	case "holders":
 		err = holdersCommand(rest, sio)
+	case "check":
+		err = checkCommand(rest, sio)
 	case "demo":
 		err = demoCommand(rest, sio)
 	case "help", "-h", "-help", "--help":
@@ -134,6 +137,7 @@ Usage:
   etcdlock run [flags] NAME -- COMMAND [ARGS...]  run COMMAND while holding the lock NAME
   etcdlock holders [flags] NAME                   show who holds the lock NAME, and who waits;
                                                   with --watch, again after every change
+  etcdlock check [flags] FENCE                    whether the hold FENCE (ETCDLOCK_FENCE) still holds
   etcdlock demo [flags]                           a self-checking demo on an embedded etcd
   etcdlock help [COMMAND]                         this help, or the flags of COMMAND
   etcdlock version                                etcdlock's version, Go version and platform
@@ -155,6 +159,8 @@ func help(args []string, sio stdio) int {
 		fs, _ = newRunFlags()
 	case "holders":
 		fs, _ = newHoldersFlags()
+	case "check":
+		fs, _ = newCheckFlags()
 	case "demo":
 		fs, _ = newDemoFlags()
 	default:
