@@ -153,7 +153,7 @@ func CheckFence(ctx context.Context, client *clientv3.Client, f Fence) error {
 	if err := f.valid(); err != nil {
 		return err
 	}
-	entries, _, err := inspectAt(ctx, client, f.Name)
+	entries, _, err := readQueue(ctx, client, f.Name, "check fence")
 	if err != nil {
 		return err
 	}

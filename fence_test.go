@@ -8,8 +8,10 @@ import (
 	"log"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -394,4 +396,47 @@ func ExampleCheckFence() {
 	// Output:
 	// while held: <nil>
 	// after the unlock: true
+}
+
+// CheckFence through a member that lags behind a delete of the fence's key
+// never answers that the hold holds: its read is linearizable, which the
+// lagging member cannot serve; once it has caught up, it answers lost.
+func TestCheckFenceLaggingMember(t *testing.T) {
+	testflags.Parallel(t)
+	if sharedEtcd() {
+		t.Skip("lags a member of a cluster of its own: needs an embedded etcd")
+	}
+	c := etcdtest.StartCluster(t, 3)
+	lead := c.Leader()
+	lagging, other := (lead+1)%3, (lead+2)%3
+	eps := c.Endpoints()
+	healthy := interceptedClient(t, eps[other:other+1], nil, nil)
+	behind := interceptedClient(t, eps[lagging:lagging+1], nil, nil)
+	ctx := testContext(t)
+	s := newSession(t, healthy)
+	m := etcdlock.NewMutex(s, lockName(t))
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := m.Held()
+	f := h.Fence()
+	eventually(t, "the lagging member holding the fence's key", func() bool {
+		return etcdlock.CheckFence(ctx, behind, f) == nil
+	})
+
+	c.Lag(lagging)
+	if _, err := healthy.Delete(ctx, f.Key); err != nil {
+		t.Fatal(err)
+	}
+	qctx, cancel := context.WithTimeout(ctx, time.Second)
+	err := etcdlock.CheckFence(qctx, behind, f)
+	cancel()
+	if err == nil {
+		t.Fatal("CheckFence through the lagging member after the key's delete: got nil (holds), want an error")
+	}
+	t.Logf("through the lagging member: %v", err)
+	c.CatchUp(lagging)
+	eventually(t, "the caught-up member answering lost", func() bool {
+		return errors.Is(etcdlock.CheckFence(ctx, behind, f), etcdlock.ErrLockLost)
+	})
 }

@@ -36,6 +36,11 @@ func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]Queue
 // at: a watch of the prefix name+"/" from rev+1 misses no change that came
 // after the read. It returns the errors Inspect does, with rev 0.
 func inspectAt(ctx context.Context, client *clientv3.Client, name string) (entries []QueueEntry, rev int64, err error) {
+	return readQueue(ctx, client, name, "inspect")
+}
+
+// readQueue is inspectAt for the operation op, which its errors name.
+func readQueue(ctx context.Context, client *clientv3.Client, name, op string) (entries []QueueEntry, rev int64, err error) {
 	switch {
 	case ctx == nil:
 		return nil, 0, fmt.Errorf("%w: nil context", ErrInvalidArgument)
@@ -47,10 +52,10 @@ func inspectAt(ctx context.Context, client *clientv3.Client, name string) (entri
 	pfx := name + "/"
 	resp, err := client.Get(ctx, pfx, clientv3.WithPrefix())
 	if err != nil {
-		return nil, 0, errorf("inspect", name, err)
+		return nil, 0, errorf(op, name, err)
 	}
 	if resp == nil || resp.Header == nil {
-		return nil, 0, errorf("inspect", name, errMalformed)
+		return nil, 0, errorf(op, name, errMalformed)
 	}
 	return queueOf(pfx, resp.Kvs), resp.Header.Revision, nil
 }
