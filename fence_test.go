@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/testflags"
@@ -333,24 +335,34 @@ func TestCheckFence(t *testing.T) {
 	}
 }
 
-// A fence travels with each write to what the lock guards, here as text (an
-// HTTP header, an SQL parameter, an environment variable), and reads back as
-// the same Fence.
-func ExampleFence() {
+// exampleLocked starts an in-process etcd, makes a Session and locks a
+// Mutex of name, for the fence examples; stop unlocks, if still held, and
+// stops it all.
+func exampleLocked(name string) (*clientv3.Client, *etcdlock.Session, *etcdlock.Mutex, func()) {
 	srv, client := startExampleServer()
-	defer srv.Close()
 	s, err := etcdlock.NewSession(client)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer s.Close()
-
-	m := etcdlock.NewMutex(s, "jobs/nightly")
-	ctx := context.Background()
-	if err := m.LockContext(ctx); err != nil {
+	m := etcdlock.NewMutex(s, name)
+	if err := m.LockContext(context.Background()); err != nil {
 		log.Fatal(err)
 	}
-	defer m.UnlockContext(ctx)
+	return client, s, m, func() {
+		if m.HoldCount() > 0 {
+			_ = m.UnlockContext(context.Background())
+		}
+		_ = s.Close()
+		srv.Close()
+	}
+}
+
+// A fence travels with each write to what the lock guards, here as text (an
+// HTTP header, an SQL parameter, an environment variable), and reads back as
+// the same Fence.
+func ExampleFence() {
+	_, s, m, stop := exampleLocked("jobs/nightly")
+	defer stop()
 	h, _ := m.Held()
 	text := h.Fence().String() // such as etcdlock:1042:jobs/nightly:694d8f3a2b1c
 	fmt.Println(strings.HasPrefix(text, "etcdlock:"), strings.HasSuffix(text, fmt.Sprintf(":jobs/nightly:%x", s.Lease())))
@@ -371,19 +383,9 @@ func ExampleFence() {
 // A server that receives a fence and can reach etcd asks whether its hold
 // still holds, with one read.
 func ExampleCheckFence() {
-	srv, client := startExampleServer()
-	defer srv.Close()
-	s, err := etcdlock.NewSession(client)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer s.Close()
-
-	m := etcdlock.NewMutex(s, "reports")
+	client, _, m, stop := exampleLocked("reports")
+	defer stop()
 	ctx := context.Background()
-	if err := m.LockContext(ctx); err != nil {
-		log.Fatal(err)
-	}
 	h, _ := m.Held()
 	f := h.Fence()
 	fmt.Println("while held:", etcdlock.CheckFence(ctx, client, f))
@@ -391,7 +393,7 @@ func ExampleCheckFence() {
 	if err := m.UnlockContext(ctx); err != nil {
 		log.Fatal(err)
 	}
-	err = etcdlock.CheckFence(ctx, client, f)
+	err := etcdlock.CheckFence(ctx, client, f)
 	fmt.Println("after the unlock:", errors.Is(err, etcdlock.ErrLockLost))
 	// Output:
 	// while held: <nil>
