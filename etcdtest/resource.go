@@ -31,12 +31,17 @@ var ErrStaleToken = errors.New("etcdtest: stale fencing token")
 // its lease's TTL (GC, a frozen VM, a partition) goes on after etcd gave the
 // lock to someone else. Proxy.PauseWhile and PauseProcess make such a pause
 // in a test. NewResource records what an unguarded resource would let
-// happen; NewFencedResource checks tokens as a fenced one does (the fence
-// package's SQL table and HTTP middleware): a section is refused at Begin if
-// its token is lower than the highest begun, and takes no effect (End
-// returns ErrStaleToken, like a rolled-back transaction) if a higher one
-// began before its End. A section never ended takes effect, unfenced, until
-// the check; fenced, never.
+// happen; NewFencedResource checks tokens as a resource that fences a whole
+// section (one transaction, checked at its start and its commit) does: a
+// section is refused at Begin if its token is lower than the highest begun,
+// and takes no effect (End returns ErrStaleToken, like a rolled-back
+// transaction) if a higher one began before its End. The fence package's
+// Table and Memory keep the same order another way, making the higher token
+// wait until the lower one's transaction ends. A section never ended takes
+// effect, unfenced, until the check; fenced, never. A Resource knows
+// sections, not the values read and written in them: code that fences its
+// writes but not the reads they depend on can still lose an update that the
+// Resource does not see (the fence package's docs say why).
 //
 // Its methods are safe for concurrent use.
 type Resource struct {
@@ -109,6 +114,9 @@ func (r *Resource) Begin(name string, token int64) (*Section, error) {
 // section takes no effect, if a higher token of its lock began since its
 // Begin. A second End returns an error and changes nothing.
 func (s *Section) End() error {
+	if s == nil {
+		return errors.New("etcdtest: resource: End of a nil Section (its Begin failed)")
+	}
 	r := s.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -130,6 +138,9 @@ func (s *Section) End() error {
 // paused with Proxy.PauseWhile until then has been paused past its lease's
 // expiry, since the next holder got the lock.
 func (r *Resource) WaitNewer(ctx context.Context, name string, token int64) error {
+	if ctx == nil {
+		return errors.New("etcdtest: resource: WaitNewer with a nil context")
+	}
 	for {
 		r.mu.Lock()
 		high, changed := r.highest[name], r.changed

@@ -244,7 +244,7 @@ func TestPauseProcess(t *testing.T) {
 		return fields[0]
 	}
 	paused := make(chan error, 1)
-	go func() { paused <- etcdtest.PauseProcess(cmd.Process, time.Second) }()
+	go func() { paused <- etcdtest.PauseProcess(cmd.Process, 5*time.Second) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for state() != "T" {
 		if time.Now().After(deadline) {

@@ -261,11 +261,23 @@ func runChaos(t *testing.T, etcd *etcdtest.Server, dir string, mode fenceMode, d
 	}
 
 	// Child processes, stopped now and then for longer than the TTL.
+	var procs []*exec.Cmd
+	stopProcs := sync.OnceFunc(func() {
+		cancel() // ends the stopper
+		for _, cmd := range procs {
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+			_ = cmd.Process.Kill()
+		}
+		procWG.Wait()
+		for _, cmd := range procs {
+			_ = cmd.Wait()
+		}
+	})
+	defer stopProcs()
 	if os.Getenv("ETCDTEST_ENDPOINTS") != "" {
 		res.processesLeftOut = "an external etcd: its holders' prefix is the Server's own"
 	} else {
 		cfg := chaosConfig{endpoint: etcd.Endpoints()[0], dbPath: dbPath, mode: mode}
-		var procs []*exec.Cmd
 		for range processHolders {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), holderEnv+"="+cfg.env())
@@ -285,16 +297,6 @@ func runChaos(t *testing.T, etcd *etcdtest.Server, dir string, mode fenceMode, d
 				}
 			})
 		}
-		defer func() {
-			for _, cmd := range procs {
-				_ = cmd.Process.Signal(syscall.SIGCONT)
-				_ = cmd.Process.Kill()
-			}
-			procWG.Wait()
-			for _, cmd := range procs {
-				_ = cmd.Wait()
-			}
-		}()
 		procWG.Go(func() {
 			for ctx.Err() == nil {
 				select {
@@ -339,13 +341,11 @@ func runChaos(t *testing.T, etcd *etcdtest.Server, dir string, mode fenceMode, d
 		})
 	}
 	<-ctx.Done()
-	holders.Wait() // the processes are killed by the defer; what they committed is in the log
+	holders.Wait()
+	stopProcs() // killed wherever they are: what they committed is in the log
 
-	// The truth, from the database.
-	if err := db.QueryRow("SELECT COUNT(*) FROM log").Scan(&res.committed); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.QueryRow("SELECT value FROM counter WHERE id = 1").Scan(&res.counter); err != nil {
+	// The truth, from the database, in one read.
+	if err := db.QueryRow("SELECT (SELECT COUNT(*) FROM log), (SELECT value FROM counter WHERE id = 1)").Scan(&res.committed, &res.counter); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := db.Query("SELECT token FROM log ORDER BY id")

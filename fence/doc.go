@@ -12,12 +12,18 @@
 //
 //   - in SQL, through database/sql: Table keeps the highest token per lock in
 //     a table of three columns, and admits a write in the transaction that
-//     makes it, with one UPDATE that works on PostgreSQL, MySQL and SQLite
-//     (tested on SQLite, and on PostgreSQL when FENCE_POSTGRES names one);
+//     makes it, with one UPDATE written for PostgreSQL, MySQL and SQLite
+//     (tested on SQLite, and on PostgreSQL when FENCE_POSTGRES names one;
+//     not on MySQL);
 //   - over HTTP: Transport adds the fence to a client's requests, and
 //     Handler refuses a missing, malformed, foreign or stale one before the
 //     handler runs, with a Store of the highest tokens: Memory for one
 //     process, SQLStore (a Table) for several.
+//
+// Fence the reads that a write depends on as well as the write: with only
+// the writes fenced, a holder's late write can land between the next
+// holder's read and its write, admitted because the next holder has not
+// written yet, and that write then undoes it.
 //
 // The rule is for exclusive holds (a Mutex, an RWMutex's writer, a
 // MultiMutex, Do, Lead): an RWMutex's readers and a Semaphore's permits hold

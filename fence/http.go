@@ -38,7 +38,8 @@ func FromContext(ctx context.Context) (etcdlock.Fence, bool) {
 // Transport is an http.RoundTripper that adds the fence of each request's
 // context (FromContext) to the request, in Header, and sends it with Base. A
 // request whose context carries no fence goes as it is; one that carries a
-// Header of its own keeps it.
+// Header of its own keeps it; one whose fence names no hold (MarshalText
+// fails) is not sent, and RoundTrip returns that error.
 type Transport struct {
 	Base http.RoundTripper // http.DefaultTransport if nil
 }
@@ -51,8 +52,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	if f, ok := FromContext(req.Context()); ok && req.Header.Get(Header) == "" && f != (etcdlock.Fence{}) {
+		text, err := f.MarshalText()
+		if err != nil {
+			if req.Body != nil {
+				_ = req.Body.Close() // a RoundTripper closes the body, even on error
+			}
+			return nil, fmt.Errorf("fence: request to %s: %w", req.URL.Redacted(), err)
+		}
 		req = req.Clone(req.Context())
-		req.Header.Set(Header, f.String())
+		req.Header.Set(Header, string(text))
 	}
 	return base.RoundTrip(req)
 }
@@ -73,8 +81,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 //
 // Next's response is held until the Store has committed, then sent, so
 // that a client never sees a success whose write did not commit; a
-// streaming response arrives whole at the end. Guard with Handler the routes
-// that write; reads need no fence.
+// streaming response arrives whole at the end. A response of Next with a
+// status of 400 or more is sent without committing (an SQLStore rolls back
+// Next's writes, and the admission of its token). Guard with Handler the
+// routes that write and the reads that a write depends on: a holder's late
+// write can land between the next holder's unfenced read and its write,
+// and undo it (docs/reliability.md, "Fencing at the resource").
 type Handler struct {
 	Store Store        // the highest tokens: a *Memory for one process, an SQLStore for several
 	Lock  string       // the lock whose fences are accepted; "" accepts any lock's, each against its own highest token
@@ -104,9 +116,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp := bufferedResponse{header: http.Header{}}
 	err = h.Store.Do(r.Context(), f, func(ctx context.Context) error {
 		h.Next.ServeHTTP(&resp, r.WithContext(NewContext(ctx, f)))
+		if resp.status >= http.StatusBadRequest {
+			return errRefusedByNext
+		}
 		return nil
 	})
 	switch {
+	case errors.Is(err, errRefusedByNext):
+		resp.send(w)
 	case errors.Is(err, ErrStale):
 		http.Error(w, err.Error(), http.StatusConflict)
 	case err != nil:
@@ -115,6 +132,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resp.send(w)
 	}
 }
+
+// errRefusedByNext rolls back a Store's work whose handler answered with an
+// error status; its response is sent as it is.
+var errRefusedByNext = errors.New("fence: the handler answered with an error status")
 
 // bufferedResponse holds a handler's response until it may be sent.
 type bufferedResponse struct {

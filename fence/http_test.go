@@ -56,20 +56,29 @@ func (rec *recorder) served() []int64 {
 // status and body.
 func send(t *testing.T, url, header string) (int, string, http.Header) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader("x"))
+	status, body, h, err := post(t.Context(), url, header)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return status, body, h
+}
+
+// post is send for any goroutine: it returns its error.
+func post(ctx context.Context, url, header string) (int, string, http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader("x"))
+	if err != nil {
+		return 0, "", nil, err
 	}
 	if header != "" {
 		req.Header.Set(fence.Header, header)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", nil, err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body), resp.Header
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), resp.Header, err
 }
 
 // The Handler refuses, with its status and reason, a request with no fence,
@@ -136,6 +145,52 @@ func TestHandlerWithholdsUncommitted(t *testing.T) {
 	}
 }
 
+// A handler that answers with an error status has its writes rolled back,
+// and the admission of its token with them; its response is sent as it is.
+func TestHandlerErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	db := sqliteDB(t)
+	table := fence.Table{}
+	if err := table.Create(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("CREATE TABLE notes (token BIGINT)"); err != nil {
+		t.Fatal(err)
+	}
+	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, ok := fence.TxFrom(r.Context())
+		f, _ := fence.FromContext(r.Context())
+		if !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+		if _, err := tx.ExecContext(r.Context(), "INSERT INTO notes VALUES (?)", f.Token); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if r.URL.Query().Has("fail") {
+			http.Error(w, "invalid note", http.StatusUnprocessableEntity)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := httptest.NewServer(&fence.Handler{Store: fence.SQLStore{DB: db}, Next: write})
+	defer srv.Close()
+	if status, _, _ := send(t, srv.URL, fenceOf("orders", 5).String()); status != http.StatusCreated {
+		t.Fatalf("a write: got %d, want 201", status)
+	}
+	if status, body, _ := send(t, srv.URL+"?fail", fenceOf("orders", 9).String()); status != http.StatusUnprocessableEntity || !strings.Contains(body, "invalid note") {
+		t.Fatalf("a write its handler refuses: got %d %q, want 422 invalid note", status, body)
+	}
+	var notes int
+	if err := db.QueryRow("SELECT COUNT(*) FROM notes").Scan(&notes); err != nil || notes != 1 {
+		t.Fatalf("notes: got %d, %v, want 1 (the refused write rolled back)", notes, err)
+	}
+	if h, err := table.Highest(t.Context(), db, "orders"); err != nil || h != 5 {
+		t.Fatalf("highest: got %d, %v, want 5 (the refused write's admission rolled back)", h, err)
+	}
+}
+
 // Requests of one lock race, each with the token of its turn: the handler
 // serves one at a time, in token order, and refuses the stale ones.
 func TestHandlerConcurrent(t *testing.T) {
@@ -149,7 +204,11 @@ func TestHandlerConcurrent(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 10 {
-				status, body, _ := send(t, srv.URL, fenceOf("orders", next.Add(1)).String())
+				status, body, _, err := post(t.Context(), srv.URL, fenceOf("orders", next.Add(1)).String())
+				if err != nil {
+					t.Error(err)
+					return
+				}
 				switch status {
 				case http.StatusCreated:
 				case http.StatusConflict:
@@ -211,6 +270,20 @@ func TestTransport(t *testing.T) {
 	}
 	if got := get(fence.NewContext(context.Background(), f), "mine"); got != "mine" {
 		t.Errorf("a header of the caller's own: the server got %q, want it kept", got)
+	}
+	// A fence that names no hold is not sent: its text would read as
+	// another fence.
+	bad := etcdlock.Fence{Name: "a", Key: "write/9", Token: 3}
+	req, err := http.NewRequestWithContext(fence.NewContext(context.Background(), bad), http.MethodGet, srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := client.Do(req); !errors.Is(err, etcdlock.ErrInvalidFence) {
+		if err == nil {
+			resp.Body.Close()
+			<-seen
+		}
+		t.Errorf("an invalid fence: got %v, want ErrInvalidFence and nothing sent", err)
 	}
 
 	etcd := etcdtest.Start(t)

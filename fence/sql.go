@@ -27,10 +27,17 @@ const DefaultTable = "etcdlock_fence"
 // The statements are the same on PostgreSQL (with Dollar set), MySQL and
 // SQLite; the package's tests run them on SQLite (modernc.org/sqlite), and
 // on PostgreSQL when the environment variable FENCE_POSTGRES names one.
+// MySQL is not tested: there, concurrent first writes of lock names that
+// share an index gap can deadlock (InnoDB's gap locks), which the caller
+// sees as an error to retry.
 type Table struct {
 	Name   string // the table's name, DefaultTable if empty; letters, digits, _ and . only
 	Dollar bool   // placeholders $1, $2, … (PostgreSQL) instead of ? (MySQL, SQLite)
 }
+
+// maxName is the longest lock name the table holds: its column is
+// VARCHAR(255), which some databases would cut silently.
+const maxName = 255
 
 // tableName matches the table names Table accepts: they go into statements
 // as they are.
@@ -46,6 +53,9 @@ type Execer interface {
 //
 //	CREATE TABLE IF NOT EXISTS etcdlock_fence (lock_name VARCHAR(255) NOT NULL PRIMARY KEY, token BIGINT NOT NULL, writes BIGINT NOT NULL)
 func (t Table) Create(ctx context.Context, db Execer) error {
+	if ctx == nil || db == nil {
+		return fmt.Errorf("%w: nil context or database", etcdlock.ErrInvalidArgument)
+	}
 	name, err := t.name()
 	if err != nil {
 		return err
@@ -66,12 +76,16 @@ func (t Table) Create(ctx context.Context, db Execer) error {
 //
 //	UPDATE etcdlock_fence SET token = ?, writes = writes + 1 WHERE lock_name = ? AND token <= ?
 //
-// The first write of a lock finds no row: Admit then reads it (SELECT
-// token) and inserts it (INSERT, under a SAVEPOINT: when another first
-// write inserted it meanwhile, Admit undoes its own and updates that row,
-// as above). Any error leaves tx to its caller, who rolls it back; on PostgreSQL, an
-// error aborts tx. An invalid f is an error wrapping
-// etcdlock.ErrInvalidFence, and nothing is run.
+// When the UPDATE changes no row, Admit reads the row (SELECT token): a
+// higher token is ErrStale; no row is the lock's first write, which Admit
+// inserts (INSERT, under a SAVEPOINT: when another first write inserted it
+// meanwhile, Admit undoes its own and updates that row, as above); a row
+// that another transaction wrote after the UPDATE looked makes it UPDATE
+// again, a few times at most. Any error leaves tx to its caller, who rolls
+// it back; on PostgreSQL, an error aborts tx. An invalid f, or a lock name
+// longer than the column's 255 bytes, is an error wrapping
+// etcdlock.ErrInvalidFence or etcdlock.ErrInvalidArgument, and nothing is
+// run.
 func (t Table) Admit(ctx context.Context, tx *sql.Tx, f etcdlock.Fence) error {
 	if err := valid(ctx, f); err != nil {
 		return err
@@ -79,11 +93,18 @@ func (t Table) Admit(ctx context.Context, tx *sql.Tx, f etcdlock.Fence) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil transaction", etcdlock.ErrInvalidArgument)
 	}
+	if len(f.Name) > maxName {
+		return fmt.Errorf("%w: lock name of %d bytes: the fence table holds at most %d", etcdlock.ErrInvalidArgument, len(f.Name), maxName)
+	}
 	name, err := t.name()
 	if err != nil {
 		return err
 	}
-	for first := true; ; first = false {
+	// A row that another transaction made or moved after this one's UPDATE
+	// looked can show in the SELECT after it (PostgreSQL's READ COMMITTED
+	// takes a snapshot per statement): then the UPDATE runs again, and now
+	// finds it. Tries bounds that.
+	for try := 1; ; try++ {
 		ok, err := t.update(ctx, tx, name, f)
 		if err != nil || ok {
 			return err
@@ -91,8 +112,13 @@ func (t Table) Admit(ctx context.Context, tx *sql.Tx, f etcdlock.Fence) error {
 		var highest int64
 		err = tx.QueryRowContext(ctx, t.placeholders("SELECT token FROM "+name+" WHERE lock_name = ?"), f.Name).Scan(&highest)
 		switch {
-		case err == nil:
+		case err == nil && highest > f.Token:
 			return stale(f, highest)
+		case err == nil:
+			if try == admitTries {
+				return fmt.Errorf("fence: admit token %d of lock %q: its row moved %d times under the UPDATE: retry the transaction", f.Token, f.Name, try)
+			}
+			continue
 		case !errors.Is(err, sql.ErrNoRows):
 			return fmt.Errorf("fence: admit token %d of lock %q: %w", f.Token, f.Name, err)
 		}
@@ -100,14 +126,14 @@ func (t Table) Admit(ctx context.Context, tx *sql.Tx, f etcdlock.Fence) error {
 		// savepoint undoes the failed insert, and the update then finds the
 		// row (and waits for its writer's transaction).
 		if _, err := tx.ExecContext(ctx, "SAVEPOINT etcdlock_fence_insert"); err != nil {
-			return fmt.Errorf("fence: admit the first token of lock %q: %w", f.Name, err)
+			return wrapFirst(f, err)
 		}
 		_, err = tx.ExecContext(ctx, t.placeholders("INSERT INTO "+name+" (lock_name, token, writes) VALUES (?, ?, 1)"), f.Name, f.Token)
 		if err == nil {
 			_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT etcdlock_fence_insert")
 			return wrapFirst(f, err)
 		}
-		if !first {
+		if try == admitTries {
 			return wrapFirst(f, err)
 		}
 		if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT etcdlock_fence_insert"); rerr != nil {
@@ -115,6 +141,10 @@ func (t Table) Admit(ctx context.Context, tx *sql.Tx, f etcdlock.Fence) error {
 		}
 	}
 }
+
+// admitTries bounds the UPDATEs of one Admit: a row that moves under it
+// each time is a write of another transaction each time.
+const admitTries = 4
 
 // update runs the UPDATE of Admit: true if it admitted f.
 func (t Table) update(ctx context.Context, tx *sql.Tx, name string, f etcdlock.Fence) (bool, error) {
@@ -145,19 +175,28 @@ func (t Table) Do(ctx context.Context, db *sql.DB, f etcdlock.Fence, work func(c
 	if err := valid(ctx, f); err != nil {
 		return err
 	}
-	if db == nil {
-		return fmt.Errorf("%w: nil database", etcdlock.ErrInvalidArgument)
+	if db == nil || work == nil {
+		return fmt.Errorf("%w: nil database or work", etcdlock.ErrInvalidArgument)
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("fence: begin: %w", err)
 	}
+	ended := false
+	defer func() {
+		if !ended {
+			_ = rollback(tx) // work panicked: the row lock must not outlive it
+		}
+	}()
 	if err := t.Admit(ctx, tx, f); err != nil {
+		ended = true
 		return errors.Join(err, rollback(tx))
 	}
 	if err := work(ctx, tx); err != nil {
+		ended = true
 		return errors.Join(err, rollback(tx))
 	}
+	ended = true
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("fence: commit the write of token %d of lock %q: %w", f.Token, f.Name, err)
 	}
@@ -166,6 +205,9 @@ func (t Table) Do(ctx context.Context, db *sql.DB, f etcdlock.Fence, work func(c
 
 // Highest returns the highest token accepted for the lock name, 0 if none.
 func (t Table) Highest(ctx context.Context, db *sql.DB, name string) (int64, error) {
+	if ctx == nil || db == nil {
+		return 0, fmt.Errorf("%w: nil context or database", etcdlock.ErrInvalidArgument)
+	}
 	table, err := t.name()
 	if err != nil {
 		return 0, err

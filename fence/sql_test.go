@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -159,6 +161,12 @@ func TestTableConcurrent(t *testing.T) {
 						case err == nil:
 							accepted.Add(1)
 						case errors.Is(err, fence.ErrStale):
+							// Stale when refused: a higher token was
+							// admitted, so the highest is above it now.
+							if h, err := d.table.Highest(ctx, d.db, "orders"); err != nil || h <= tok {
+								errs <- fmt.Errorf("token %d refused as stale, the highest is %d (%v)", tok, h, err)
+								return
+							}
 							refused.Add(1)
 						default:
 							errs <- err
@@ -186,6 +194,42 @@ func TestTableConcurrent(t *testing.T) {
 	}
 }
 
+// First writes of new locks race, several with one token (a holder that
+// retries, or two requests of one hold): every one is admitted, on every
+// database, whatever the order of the inserts.
+func TestTableFirstWrites(t *testing.T) {
+	t.Parallel()
+	for _, d := range databases(t) {
+		t.Run(d.name, func(t *testing.T) {
+			ctx := t.Context()
+			const locks, writers = 50, 4
+			var wg sync.WaitGroup
+			errs := make(chan error, locks*writers)
+			for i := range locks {
+				f := fenceOf(fmt.Sprintf("lock%d", i), 10)
+				for range writers {
+					wg.Go(func() {
+						if err := d.table.Do(ctx, d.db, f, func(context.Context, *sql.Tx) error { return nil }); err != nil {
+							errs <- fmt.Errorf("%s: %w", f.Name, err)
+						}
+					})
+				}
+			}
+			wg.Wait()
+			close(errs)
+			n := 0
+			for err := range errs {
+				if n++; n <= 3 {
+					t.Error(err)
+				}
+			}
+			if n > 0 {
+				t.Fatalf("%d of %d first writes with the token of the lock's only holder failed, want none", n, locks*writers)
+			}
+		})
+	}
+}
+
 // Bad input is an error that changes nothing.
 func TestTableBadInput(t *testing.T) {
 	t.Parallel()
@@ -209,6 +253,41 @@ func TestTableBadInput(t *testing.T) {
 	if err := d.table.Do(nil, d.db, fenceOf("orders", 1), writeRow(d, 1)); !errors.Is(err, etcdlock.ErrInvalidArgument) {
 		t.Errorf("Do(nil ctx): got %v, want ErrInvalidArgument", err)
 	}
+	if err := d.table.Do(ctx, d.db, fenceOf("orders", 1), nil); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("Do(nil work): got %v, want ErrInvalidArgument", err)
+	}
+	long := strings.Repeat("n", 256)
+	if err := d.table.Do(ctx, d.db, fenceOf(long, 1), writeRow(d, 1)); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("Do(a 256-byte lock name): got %v, want ErrInvalidArgument", err)
+	}
+	if err := d.table.Create(ctx, nil); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("Create(nil db): got %v, want ErrInvalidArgument", err)
+	}
+	if _, err := d.table.Highest(ctx, nil, "orders"); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("Highest(nil db): got %v, want ErrInvalidArgument", err)
+	}
+	var nilMemory *fence.Memory
+	if err := nilMemory.Do(ctx, fenceOf("orders", 1), func(context.Context) error { return nil }); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("a nil Memory's Do: got %v, want ErrInvalidArgument", err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	ran := false
+	if err := (&fence.Memory{}).Do(cancelled, fenceOf("orders", 1), func(context.Context) error { ran = true; return nil }); !errors.Is(err, context.Canceled) || ran {
+		t.Errorf("Memory.Do on a cancelled context: got %v, work ran %v; want context.Canceled, not run", err, ran)
+	}
+	// work that panics leaves no transaction open: the next write of the
+	// lock goes through.
+	func() {
+		defer func() { _ = recover() }()
+		_ = d.table.Do(ctx, d.db, fenceOf("orders", 2), func(context.Context, *sql.Tx) error { panic("boom") })
+	}()
+	if err := d.table.Do(ctx, d.db, fenceOf("orders", 3), func(context.Context, *sql.Tx) error { return nil }); err != nil {
+		t.Errorf("Do after a panicking work: got %v, want nil", err)
+	}
+	if h, err := d.table.Highest(ctx, d.db, "orders"); err != nil || h != 3 {
+		t.Errorf("Highest after a panicking work of 2 and a write of 3: got %d, %v, want 3", h, err)
+	}
 	bad := fence.Table{Name: "fence; DROP TABLE etcdlock_fence"}
 	if err := bad.Create(ctx, d.db); !errors.Is(err, etcdlock.ErrInvalidArgument) {
 		t.Errorf("Create with table name %q: got %v, want ErrInvalidArgument", bad.Name, err)
@@ -216,7 +295,7 @@ func TestTableBadInput(t *testing.T) {
 	if err := bad.Do(ctx, d.db, fenceOf("orders", 1), writeRow(d, 1)); !errors.Is(err, etcdlock.ErrInvalidArgument) {
 		t.Errorf("Do with table name %q: got %v, want ErrInvalidArgument", bad.Name, err)
 	}
-	if h, err := d.table.Highest(ctx, d.db, "orders"); err != nil || h != 0 {
-		t.Errorf("Highest after bad input: got %d, %v, want 0, nil", h, err)
+	if h, err := d.table.Highest(ctx, d.db, long); err != nil || h != 0 {
+		t.Errorf("Highest of the long name after bad input: got %d, %v, want 0, nil", h, err)
 	}
 }

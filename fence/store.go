@@ -47,6 +47,12 @@ func (m *Memory) Do(ctx context.Context, f etcdlock.Fence, work func(ctx context
 	if err := valid(ctx, f); err != nil {
 		return err
 	}
+	if m == nil || work == nil {
+		return fmt.Errorf("%w: nil Memory or work", etcdlock.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	l := m.lock(f.Name)
 	select {
 	case l.turn <- struct{}{}:
@@ -61,8 +67,13 @@ func (m *Memory) Do(ctx context.Context, f etcdlock.Fence, work func(ctx context
 	return work(ctx)
 }
 
-// Highest returns the highest token accepted for the lock name, 0 if none.
+// Highest returns the highest token accepted for the lock name, 0 if none
+// (and for a nil Memory). It waits for the work of a Do of the lock that is
+// running.
 func (m *Memory) Highest(name string) int64 {
+	if m == nil {
+		return 0
+	}
 	l := m.lock(name)
 	l.turn <- struct{}{}
 	defer func() { <-l.turn }()

@@ -74,6 +74,10 @@ func checkCommand(args []string, sio stdio) error {
 	case errors.Is(err, etcdlock.ErrLockLost):
 		fmt.Fprintf(sio.out, "lost: %v\n", err)
 		return withStatus(exitLost, nil)
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case qctx.Err() != nil:
+		return withStatus(exitUnavailable, fmt.Errorf("etcd at %s: no answer to the check within %v: %w", endpointList(cfg), queryTimeout, err))
 	}
 	return unavailable(cfg, err)
 }

@@ -137,7 +137,8 @@ Usage:
   etcdlock run [flags] NAME -- COMMAND [ARGS...]  run COMMAND while holding the lock NAME
   etcdlock holders [flags] NAME                   show who holds the lock NAME, and who waits;
                                                   with --watch, again after every change
-  etcdlock check [flags] FENCE                    whether the hold FENCE (ETCDLOCK_FENCE) still holds
+  etcdlock check [flags] FENCE                    whether the hold FENCE names (a run's $ETCDLOCK_FENCE)
+                                                  still holds its lock
   etcdlock demo [flags]                           a self-checking demo on an embedded etcd
   etcdlock help [COMMAND]                         this help, or the flags of COMMAND
   etcdlock version                                etcdlock's version, Go version and platform
