@@ -12,7 +12,8 @@ import (
 var (
 	// ErrNotHeld is returned by an unlock when the calling goroutine (or the
 	// Do scope of its context) holds nothing of that kind, and by
-	// Permit.Release for a nil or released Permit. Nothing is changed.
+	// Permit.Release for a nil or released Permit, and by Release when the
+	// key is gone or has another token. Nothing is changed.
 	ErrNotHeld = errors.New("etcdlock: unlock of a lock not held by this goroutine")
 
 	// ErrSessionExpired is returned by every lock call once its session's
