@@ -1,9 +1,10 @@
 // Command etcdlock runs a command under a distributed lock on etcd, shows who
-// holds a lock and who waits for it, and demonstrates the etcdlock package on
+// holds a lock and who waits for it, breaks a stuck lock, and demonstrates the etcdlock package on
 // an embedded etcd.
 //
 //	etcdlock run [flags] NAME -- COMMAND [ARGS...]
 //	etcdlock holders [--watch] [flags] NAME
+//	etcdlock release [--lock-key KEY | --token N] [--yes] [flags] NAME
 //	etcdlock demo [flags]
 //
 // Its locks are those of the etcdlock package, of etcd's concurrency.Mutex
@@ -89,6 +90,8 @@ func cli(args []string, sio stdio) int {
 		err = runCommand(rest, sio)
 	case "holders":
 		err = holdersCommand(rest, sio)
+	case "release":
+		err = releaseCommand(rest, sio)
 	case "demo":
 		err = demoCommand(rest, sio)
 	case "help", "-h", "-help", "--help":
@@ -134,6 +137,8 @@ Usage:
   etcdlock run [flags] NAME -- COMMAND [ARGS...]  run COMMAND while holding the lock NAME
   etcdlock holders [flags] NAME                   show who holds the lock NAME, and who waits;
                                                   with --watch, again after every change
+  etcdlock release [flags] NAME                   break a stuck lock: delete its holders' keys
+                                                  (or one, --lock-key/--token), after a confirmation
   etcdlock demo [flags]                           a self-checking demo on an embedded etcd
   etcdlock help [COMMAND]                         this help, or the flags of COMMAND
   etcdlock version                                etcdlock's version, Go version and platform
@@ -155,6 +160,8 @@ func help(args []string, sio stdio) int {
 		fs, _ = newRunFlags()
 	case "holders":
 		fs, _ = newHoldersFlags()
+	case "release":
+		fs, _ = newReleaseFlags()
 	case "demo":
 		fs, _ = newDemoFlags()
 	default:
