@@ -27,6 +27,7 @@ type sessionOptions struct {
 	handoffs  int
 	identity  string
 	renew     bool
+	maxHold   time.Duration
 	observers []Observer
 	err       error
 }
@@ -110,6 +111,29 @@ func WithIdentity(id string) SessionOption {
 // end of the WithContext context, or when the client is closed.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
+}
+
+// WithMaxHold caps every hold of the Session (of every kind, and Do's and
+// Lead's) at d from its acquisition (default: no cap), for a holder that may
+// hang: once d has passed, the hold's Done closes (HoldLost, LossMaxHold),
+// and then its key is deleted, fenced on its token, so that the next in the
+// queue holds; the holder's unlock returns ErrLockLost, and Do and Lead see
+// f's context cancelled. A hold ended before d is not touched. d <= 0:
+// NewSession returns ErrInvalidArgument.
+//
+// A cap makes a lock safe only with fencing: a holder that hangs past d and
+// then writes is no longer alone, so the resource must refuse its token or
+// the write be guarded by IsOwner. A hold handed on within the Session
+// (WithLocalHandoff) counts d from the hand-off. The cap starts the hold's
+// loss monitor (a watch of its key) at once.
+func WithMaxHold(d time.Duration) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) {
+		if d <= 0 {
+			o.invalid("max hold must be positive, got %v", d)
+			return
+		}
+		o.maxHold = d
+	})
 }
 
 // WithObserver adds o to the Session's observers; package

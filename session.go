@@ -23,6 +23,7 @@ type Session struct {
 	client      *clientv3.Client
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
 	maxHandoffs int           // WithLocalHandoff
+	maxHold     time.Duration // WithMaxHold: 0, no cap
 	identity    string        // WithIdentity: the value of every key we put
 	renews      bool          // WithRenewal: a new lease after each loss
 
@@ -90,6 +91,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	s := &Session{
 		client:      client,
 		maxHandoffs: o.handoffs,
+		maxHold:     o.maxHold,
 		identity:    o.identity,
 		renews:      o.renew,
 		ctx:         o.ctx,
