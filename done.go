@@ -36,6 +36,10 @@ type keyHold struct {
 	ended    bool               // released: its end is not a loss
 	gone     bool               // the monitor found the hold lost before its end
 	capped   bool               // the monitor ended the hold at its cap (maxhold.go)
+	// waiting closes once another acquisition waits behind the hold
+	// (waiting.go); nil until asked for. stopWaiting stops its watch.
+	waiting     chan struct{}
+	stopWaiting context.CancelFunc
 	stop     context.CancelFunc // stops the monitor goroutine; nil until lost is called
 }
 
@@ -142,6 +146,9 @@ func (h *keyHold) end() bool {
 	}
 	if h.stop != nil {
 		h.stop()
+	}
+	if h.stopWaiting != nil {
+		h.stopWaiting()
 	}
 	return true
 }
