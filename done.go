@@ -33,14 +33,14 @@ type keyHold struct {
 	mu       sync.Mutex
 	done     chan struct{}
 	signaled bool
-	ended    bool               // released: its end is not a loss
-	gone     bool               // the monitor found the hold lost before its end
-	capped   bool               // the monitor ended the hold at its cap (maxhold.go)
+	ended    bool // released: its end is not a loss
+	gone     bool // the monitor found the hold lost before its end
+	capped   bool // the monitor ended the hold at its cap (maxhold.go)
 	// waiting closes once another acquisition waits behind the hold
 	// (waiting.go); nil until asked for. stopWaiting stops its watch.
 	waiting     chan struct{}
 	stopWaiting context.CancelFunc
-	stop     context.CancelFunc // stops the monitor goroutine; nil until lost is called
+	stop        context.CancelFunc // stops the monitor goroutine; nil until lost is called
 }
 
 // newHold begins a hold of t's key.
