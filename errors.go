@@ -52,6 +52,10 @@ var (
 	// holder or waiter of the name has another limit (or is no Semaphore).
 	ErrLimitMismatch = errors.New("etcdlock: semaphore limit mismatch")
 
+	// ErrStalled is returned by Do, and by Lead where the Session had to be
+	// closed, when f reported no progress within the WithWatchdog period.
+	ErrStalled = errors.New("etcdlock: no progress reported within the watchdog period")
+
 	// ErrNoLeader is returned, wrapped, by LeaderOf when nobody leads.
 	ErrNoLeader = errors.New("etcdlock: no leader")
 )

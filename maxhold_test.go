@@ -165,12 +165,10 @@ func TestMaxHoldRacesUnlock(t *testing.T) {
 	s := newSession(t, client, etcdlock.WithMaxHold(maxHold), etcdlock.WithObserver(seen))
 	m := etcdlock.NewMutex(s, name)
 	var lost, clean int
-	var keys []string
 	for i := range 20 {
 		if err := m.LockContext(ctx); err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
-		keys = append(keys, m.Key())
 		time.Sleep(maxHold - 20*time.Millisecond + rand.N(40*time.Millisecond))
 		switch err := m.UnlockContext(ctx); {
 		case err == nil:

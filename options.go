@@ -28,6 +28,7 @@ type sessionOptions struct {
 	identity  string
 	renew     bool
 	maxHold   time.Duration
+	watchdog  time.Duration
 	observers []Observer
 	err       error
 }
@@ -133,6 +134,25 @@ func WithMaxHold(d time.Duration) SessionOption {
 			return
 		}
 		o.maxHold = d
+	})
+}
+
+// WithWatchdog makes Do and Lead on the Session watch their f (default: no
+// watchdog), as client-go's HealthzAdaptor does for its elector: f reports
+// progress with Progress(ctx); when it has not for period, f's context is
+// cancelled, the lock is released once f returns, and Do returns
+// ErrStalled; Lead campaigns again. If f has still not returned period after
+// that, the Session is closed, which revokes its lease and so frees every
+// lock of the Session for others; Do and Lead then return ErrStalled when f
+// returns. A period starts when f does. period <= 0: NewSession and Lead
+// return ErrInvalidArgument.
+func WithWatchdog(period time.Duration) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) {
+		if period <= 0 {
+			o.invalid("watchdog period must be positive, got %v", period)
+			return
+		}
+		o.watchdog = period
 	})
 }
 

@@ -141,6 +141,7 @@ func TestReleaseBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := entryOf(t, client, name, s.Lease())
+	var nilCtx context.Context // a nil context is the bad input under test
 	with := func(key string, token int64) etcdlock.QueueEntry { return etcdlock.QueueEntry{Key: key, Token: token} }
 	cases := []struct {
 		what   string
@@ -151,7 +152,7 @@ func TestReleaseBadInput(t *testing.T) {
 		want   error
 	}{
 		{"empty name", ctx, client, "", held, etcdlock.ErrInvalidName},
-		{"nil context", nil, client, name, held, etcdlock.ErrInvalidArgument},
+		{"nil context", nilCtx, client, name, held, etcdlock.ErrInvalidArgument},
 		{"nil client", ctx, nil, name, held, etcdlock.ErrInvalidArgument},
 		{"unknown name", ctx, client, name + "-other", held, etcdlock.ErrInvalidArgument},
 		{"a nested key", ctx, client, name, with(name+"/x/"+held.Key[len(name)+1:], held.Token), etcdlock.ErrInvalidArgument},

@@ -24,6 +24,7 @@ type Session struct {
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
 	maxHandoffs int           // WithLocalHandoff
 	maxHold     time.Duration // WithMaxHold: 0, no cap
+	watchdog    time.Duration // WithWatchdog: 0, none
 	identity    string        // WithIdentity: the value of every key we put
 	renews      bool          // WithRenewal: a new lease after each loss
 
@@ -92,6 +93,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		client:      client,
 		maxHandoffs: o.handoffs,
 		maxHold:     o.maxHold,
+		watchdog:    o.watchdog,
 		identity:    o.identity,
 		renews:      o.renew,
 		ctx:         o.ctx,
