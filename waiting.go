@@ -14,9 +14,13 @@ import (
 // it, from a watch of its lock's queue that starts on the first ask and
 // stops at the first waiter, at the hold's end, or at its lease term's end.
 
-// waitingRetry is the pause before a failed read or watch of the queue is
-// tried again.
-const waitingRetry = 500 * time.Millisecond
+const (
+	// waitingRetry is the pause before a failed read or watch of the queue
+	// is tried again.
+	waitingRetry = 500 * time.Millisecond
+	// waitingReadTimeout bounds a read of the queue.
+	waitingReadTimeout = 3 * time.Second
+)
 
 // errWatchEnded: a watch of the queue failed or was closed.
 var errWatchEnded = errors.New("etcdlock: watch of the queue ended")
@@ -31,7 +35,10 @@ var errWatchEnded = errors.New("etcdlock: watch of the queue ended")
 // zero Hold's channel is nil: it never closes.
 //
 // The first call starts a watch of the queue, from one read of it; no
-// polling. Where etcd is unreachable the read and watch are tried again.
+// polling: the queue is read again only after a put into it, or once per
+// TTL, as the loss monitor reads its key, against a watch event etcd lost
+// (a lost event costs at most one TTL). Where etcd is unreachable the read
+// and watch are tried again.
 func (h Hold) Waiting() <-chan struct{} {
 	if h.h == nil {
 		return nil
@@ -105,6 +112,8 @@ func (t *ticket) queueNames() []string {
 // readWaiters reads the hold's queues, in one Txn, and reports whether one
 // of them has a key that does not hold, and the revision of the read.
 func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, waitingReadTimeout)
+	defer cancel()
 	names := h.t.queueNames()
 	ops := make([]clientv3.Op, len(names))
 	for i, name := range names {
@@ -132,8 +141,8 @@ func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 }
 
 // awaitPut watches the hold's queues for puts after revision rev, and
-// returns nil at the first put of a queue's key, or an error when the watch
-// fails or ctx ends.
+// returns nil at the first put of a queue's key or after a TTL, or an error
+// when the watch fails or ctx ends.
 func (h *keyHold) awaitPut(ctx context.Context, rev int64) error {
 	names := h.t.queueNames()
 	wctx, cancel := context.WithCancel(ctx)
@@ -146,8 +155,12 @@ func (h *keyHold) awaitPut(ctx context.Context, rev int64) error {
 	}
 	defer wg.Wait()
 	defer cancel()
+	reread := time.NewTimer(h.t.term.ttl)
+	defer reread.Stop()
 	for {
 		select {
+		case <-reread.C:
+			return nil
 		case w := <-responses:
 			if !w.ok || w.wr.Err() != nil {
 				return errWatchEnded
