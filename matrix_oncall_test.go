@@ -24,7 +24,8 @@ import (
 // delete and a capped hold's delete are the first delete of the hold phase
 // (callRelease); Waiting's read is a Txn of reads only (callTryRead); its
 // watch, a watch from a revision of a key that is not a holder's
-// (callOwnWatch).
+// (callOwnWatch). Lock-delay's read at our key's revision is callHistory,
+// its question about a lease callLeaseTTL.
 
 // An oncallCall is one etcd call of the on-call features, and how a case
 // runs it.
@@ -40,6 +41,8 @@ var oncallCalls = []oncallCall{
 	{"cap-delete", callRelease, txnFaults, (*oncallCase).capDelete},
 	{"waiting-read", callTryRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).waitingRead},
 	{"waiting-watch", callOwnWatch, []fault{faultLagging, faultEvent, faultDeleted, faultRevoked}, (*oncallCase).waitingWatch},
+	{"lock-delay-read", callHistory, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
+	{"lock-delay-lease", callLeaseTTL, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
 }
 
 // oncallCap is the cap of the capped holds of the cases.
@@ -312,4 +315,39 @@ func (oc *oncallCase) waitingWatch() {
 		t.Fatal(err)
 	}
 	oc.waiterIntact()
+}
+
+// lockDelay: lock-delay's read of the queue, or its question about the
+// holder's lease, faulted, after a clean unlock. A reply lost or a request
+// dropped is retried by the client (the seam sits below its retries); one
+// that never comes back in time leaves it unable to tell, so it delays; the
+// waiter holds, as etcd shows.
+func (oc *oncallCase) lockDelay() {
+	t := oc.t
+	const d = 300 * time.Millisecond
+	oc.hold(oc.healthy)
+	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	ws := newSession(t, client, etcdlock.WithTTL(matrixTTL), etcdlock.WithLockDelay(d))
+	waiter := lockInGoroutine(t, testContext(t), oursOn(ws, oc.name))
+	eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, oc.healthy, oc.name)) == 2 })
+	oc.sm.enter(phaseHold, nil)
+	start := time.Now()
+	if err := oc.m.UnlockContext(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitErr(t, waiter.locked); err != nil {
+		t.Fatalf("the waiter: %v", err)
+	}
+	if took := time.Since(start); oc.sm.fault == faultLate && took < d {
+		t.Fatalf("the waiter returned %v after the unlock, where it could not tell: want the delay %v", took, d)
+	}
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	if e := inspect(t, testContext(t), oc.healthy, oc.name); len(e) != 1 || e[0].Lease != ws.Lease() || !e[0].Holds {
+		t.Fatalf("the queue: got %+v, want the waiter holding", e)
+	}
+	if err := waiter.Release(); err != nil {
+		t.Fatal(err)
+	}
 }

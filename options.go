@@ -29,6 +29,7 @@ type sessionOptions struct {
 	renew     bool
 	maxHold   time.Duration
 	watchdog  time.Duration
+	lockDelay time.Duration
 	observers []Observer
 	err       error
 }
@@ -153,6 +154,36 @@ func WithWatchdog(period time.Duration) SessionOption {
 			return
 		}
 		o.watchdog = period
+	})
+}
+
+// WithLockDelay makes an acquisition of the Session that waited wait d more
+// before it returns (default: none), where a key that was ahead of it in the
+// queue went with its lease (expired or revoked: a holder that crashed, or
+// was cut off) rather than by an unlock: a holder that was only cut off has
+// that long to see its loss, as Chubby's and Consul's lock-delay give. A
+// clean unlock hands off at once. The acquisition holds (its key is the
+// holder's) during the delay; if ctx ends meanwhile, it deletes its key and
+// returns ctx.Err().
+//
+// How it tells them apart: once it holds, it reads the queue as it was when
+// its key was put (one read at that revision) and asks etcd whether the
+// lease of each key ahead still exists (LeaseTimeToLive): an unlock deletes
+// the key and leaves the lease, a crash takes the lease with it. Where it
+// cannot tell (the revision compacted, etcd not answering, a holder that
+// unlocked and then revoked its lease, as Close does, before the question),
+// it delays: it never skips the delay after a crash it could have seen. A key
+// deleted while its lease lives (an unlock, or Release by hand) is no crash. An
+// acquisition that did not wait (no key ahead when it queued) is not
+// delayed, even right after a crash. d <= 0: NewSession returns
+// ErrInvalidArgument.
+func WithLockDelay(d time.Duration) SessionOption {
+	return sessionOptionFunc(func(o *sessionOptions) {
+		if d <= 0 {
+			o.invalid("lock delay must be positive, got %v", d)
+			return
+		}
+		o.lockDelay = d
 	})
 }
 

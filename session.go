@@ -25,6 +25,7 @@ type Session struct {
 	maxHandoffs int           // WithLocalHandoff
 	maxHold     time.Duration // WithMaxHold: 0, no cap
 	watchdog    time.Duration // WithWatchdog: 0, none
+	lockDelay   time.Duration // WithLockDelay: 0, none
 	identity    string        // WithIdentity: the value of every key we put
 	renews      bool          // WithRenewal: a new lease after each loss
 
@@ -94,6 +95,7 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 		maxHandoffs: o.handoffs,
 		maxHold:     o.maxHold,
 		watchdog:    o.watchdog,
+		lockDelay:   o.lockDelay,
 		identity:    o.identity,
 		renews:      o.renew,
 		ctx:         o.ctx,

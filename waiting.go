@@ -166,10 +166,8 @@ func (h *keyHold) awaitPut(ctx context.Context, rev int64) error {
 				return errWatchEnded
 			}
 			for _, ev := range w.wr.Events {
-				for _, name := range names {
-					if inQueue(name+"/", ev.Kv.Key) {
-						return nil
-					}
+				if h.t.inQueues(names, ev.Kv.Key) {
+					return nil
 				}
 			}
 		case <-ctx.Done():
