@@ -138,3 +138,37 @@ func ExampleWithWatchdog() {
 	// leading again
 	// true
 }
+
+// A holder crashes (its lease revoked, as etcd does when it expires): the
+// next holder waits the lock-delay before its acquisition returns; after a
+// clean unlock it would return at once.
+func ExampleWithLockDelay() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	ctx := context.Background()
+	crashed, _ := etcdlock.NewSession(client)
+	etcdlock.NewMutex(crashed, "payments").Lock()
+
+	s, _ := etcdlock.NewSession(client, etcdlock.WithLockDelay(300*time.Millisecond))
+	defer s.Close()
+	m := etcdlock.NewMutex(s, "payments")
+	locked := make(chan time.Time, 1)
+	go func() {
+		if err := m.LockContext(ctx); err != nil {
+			log.Fatal(err)
+		}
+		locked <- time.Now()
+		m.Unlock()
+	}()
+	for {
+		if e, _ := etcdlock.Inspect(ctx, client, "payments"); len(e) == 2 {
+			break // queued behind the holder
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	crash := time.Now()
+	client.Revoke(ctx, crashed.Lease())
+	fmt.Println("held after the delay:", (<-locked).Sub(crash) >= 300*time.Millisecond)
+	// Output:
+	// held after the delay: true
+}
