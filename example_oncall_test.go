@@ -147,6 +147,7 @@ func ExampleWithLockDelay() {
 	defer srv.Close()
 	ctx := context.Background()
 	crashed, _ := etcdlock.NewSession(client)
+	defer crashed.Close()
 	etcdlock.NewMutex(crashed, "payments").Lock()
 
 	s, _ := etcdlock.NewSession(client, etcdlock.WithLockDelay(300*time.Millisecond))

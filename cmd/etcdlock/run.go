@@ -72,7 +72,8 @@ For scripts written for flock(1): --wait 0 is flock's -n, --wait 30s its
 message names its holder, unless --quiet.
 
 Exit statuses: COMMAND's own; 64 usage; 69 etcd unreachable or refused us;
-74 lock lost; 75 lock busy (--wait ran out; see --conflict-exit-code); 126
+74 lock lost (also at --max-hold); 75 lock busy (--wait ran out; see
+--conflict-exit-code); 126
 COMMAND could not be started; 127 COMMAND not found; 128+N signal N while
 waiting.
 `
@@ -176,6 +177,8 @@ type runOptions struct {
 	shared   bool // --shared
 	limit    int  // --limit; 0 if not given
 	locks    locksFlag
+	maxHold  time.Duration // --max-hold; 0: none
+	delay    time.Duration // --lock-delay; 0: none
 }
 
 // locksFlag is --lock, given once per lock.
@@ -212,10 +215,12 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.BoolVar(&o.shared, "shared", false, "a shared hold, as flock's -s: many --shared runs at once, none beside a run without it")
 	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N")
 	c.Var(&o.locks, "lock", "a lock `NAME` to hold, instead of NAME; given several times, the run holds all those locks at once (not with --shared or --limit)")
+	c.durationVar(&o.maxHold, "max-hold", 0, "1h or 90m", "stop COMMAND as a lost lock (exit 74) once the lock was held this `long`, and delete its key; 0: no cap. Safe only where the resource checks ETCDLOCK_TOKEN")
+	c.durationVar(&o.delay, "lock-delay", 0, "5s or 30s", "once the lock is ours, wait this `long` before COMMAND starts if the holder before us crashed (its lease expired or was revoked) rather than unlocked; 0: no delay")
 	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
 	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
 	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "lock", "shared", "limit", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "lock", "shared", "limit", "max-hold", "lock-delay", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -238,6 +243,9 @@ func runCommand(args []string, sio stdio) error {
 	}
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
+	}
+	if o.maxHold < 0 || o.delay < 0 {
+		return usagef("run", "--max-hold and --lock-delay must not be negative, got %v and %v", o.maxHold, o.delay)
 	}
 	limitSet := false
 	fs.Visit(func(f *flag.Flag) { limitSet = limitSet || f.Name == "limit" })
@@ -387,6 +395,12 @@ func (r *runner) lock(ctx context.Context) error {
 		etcdlock.WithTTL(r.opts.ttl),
 		etcdlock.WithIdentity(r.opts.identity.value(r.command, r.opts.withCmd)),
 		etcdlock.WithObserver(etcdlock.ObserverFunc(r.noteLoss)),
+	}
+	if r.opts.maxHold > 0 {
+		opts = append(opts, etcdlock.WithMaxHold(r.opts.maxHold))
+	}
+	if r.opts.delay > 0 {
+		opts = append(opts, etcdlock.WithLockDelay(r.opts.delay))
 	}
 	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
@@ -662,6 +676,8 @@ func (r *runner) lossReason(wait time.Duration) string {
 		return fmt.Sprintf("etcd acknowledged no keep-alive for 2/3 of the TTL %v: the lease could expire", r.s.TTL())
 	case etcdlock.LossSessionClosed:
 		return "the session ended"
+	case etcdlock.LossMaxHold:
+		return fmt.Sprintf("it was held for --max-hold %v", r.opts.maxHold)
 	}
 	return "reason not known yet: key deleted, lease revoked or expired, or etcd silent"
 }

@@ -1,0 +1,59 @@
+//go:build unix
+
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
+)
+
+// TestRunMaxHoldAndLockDelay: run --max-hold stops COMMAND as a lost lock
+// and leaves no key; run --lock-delay starts COMMAND only the delay after
+// the holder before it crashed.
+func TestRunMaxHoldAndLockDelay(t *testing.T) {
+	testflags.Parallel(t)
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ep := srv.Endpoints()[0]
+
+	t.Run("max-hold", func(t *testing.T) {
+		name := lockName(t)
+		r := runCLI(t, nil, "run", "--max-hold", "1s", "--kill-grace", "0", "--endpoints", ep, name, "--", "sleep", "60")
+		r.want(t, exitLost)
+		if !strings.Contains(r.stderr, "--max-hold 1s") {
+			t.Fatalf("stderr: got %q, want it to name --max-hold", r.stderr)
+		}
+		if keys := lockKeys(t, cli, name); len(keys) != 0 {
+			t.Fatalf("keys after --max-hold: got %v, want none", keys)
+		}
+	})
+
+	t.Run("lock-delay", func(t *testing.T) {
+		name := lockName(t)
+		holder := newSession(t, cli)
+		if err := etcdlock.NewMutex(holder, name).LockContext(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		p := startCLI(t, nil, "run", "--lock-delay", "1s", "--endpoints", ep, name, "--", "true")
+		waitKeys(t, cli, name, 2)
+		revoked := time.Now()
+		if _, err := cli.Revoke(t.Context(), holder.Lease()); err != nil {
+			t.Fatal(err)
+		}
+		p.wait(t).want(t, 0)
+		if took := time.Since(revoked); took < time.Second {
+			t.Fatalf("run returned %v after the holder crashed, before its --lock-delay 1s", took)
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		for _, flag := range []string{"--max-hold", "--lock-delay"} {
+			runCLI(t, nil, "run", flag, "-1s", "--endpoints", ep, lockName(t), "--", "true").want(t, exitUsage)
+		}
+	})
+}
