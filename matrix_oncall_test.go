@@ -249,16 +249,23 @@ func (oc *oncallCase) capDelete() {
 	oc.waiterIntact()
 }
 
-// waitingRead: Waiting's read of the queue, faulted: it is read again, and
-// Waiting closes once a waiter queues, not before.
-func (oc *oncallCase) waitingRead() {
+// askWaiting takes the lock on the seam's client, asks for its Waiting
+// signal, and returns it once the fault has fired.
+func (oc *oncallCase) askWaiting() <-chan struct{} {
 	t := oc.t
-	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
-	oc.hold(client)
+	oc.hold(serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream))
 	h, _ := oc.m.Held()
 	oc.sm.enter(phaseHold, nil)
 	waiting := h.Waiting()
 	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
+	return waiting
+}
+
+// waitingRead: Waiting's read of the queue, faulted: it is read again, and
+// Waiting closes once a waiter queues, not before.
+func (oc *oncallCase) waitingRead() {
+	t := oc.t
+	waiting := oc.askWaiting()
 	if isClosed(waiting) {
 		t.Fatalf("Waiting closed with nobody waiting")
 	}
@@ -281,12 +288,7 @@ func (oc *oncallCase) waitingRead() {
 // does not close when another takes the lock, and stops.
 func (oc *oncallCase) waitingWatch() {
 	t := oc.t
-	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
-	oc.hold(client)
-	h, _ := oc.m.Held()
-	oc.sm.enter(phaseHold, nil)
-	waiting := h.Waiting()
-	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
+	waiting := oc.askWaiting()
 	if _, closed := closedWithin(waiting, 300*time.Millisecond); closed {
 		t.Fatalf("Waiting closed with nobody waiting")
 	}

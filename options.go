@@ -48,12 +48,18 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 // it): how long the lock stays taken after this process dies or is cut off,
 // and how long a holder may believe it holds a lock it has lost.
 func WithTTL(ttl time.Duration) SessionOption {
+	return positive("TTL", ttl, func(o *sessionOptions) *time.Duration { return &o.ttl })
+}
+
+// positive returns an option that sets the duration that field points to
+// to d, or, where d is not positive, makes the options invalid, naming what.
+func positive(what string, d time.Duration, field func(*sessionOptions) *time.Duration) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
-		if ttl <= 0 {
-			o.invalid("TTL must be positive, got %v", ttl)
+		if d <= 0 {
+			o.invalid("%s must be positive, got %v", what, d)
 			return
 		}
-		o.ttl = ttl
+		*field(o) = d
 	})
 }
 
@@ -129,13 +135,7 @@ func WithRenewal() SessionOption {
 // (WithLocalHandoff) counts d from the hand-off. The cap starts the hold's
 // loss monitor (a watch of its key) at once.
 func WithMaxHold(d time.Duration) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) {
-		if d <= 0 {
-			o.invalid("max hold must be positive, got %v", d)
-			return
-		}
-		o.maxHold = d
-	})
+	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
 
 // WithWatchdog makes Do and Lead on the Session watch their f (default: no
@@ -148,13 +148,7 @@ func WithMaxHold(d time.Duration) SessionOption {
 // returns. A period starts when f does. period <= 0: NewSession and Lead
 // return ErrInvalidArgument.
 func WithWatchdog(period time.Duration) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) {
-		if period <= 0 {
-			o.invalid("watchdog period must be positive, got %v", period)
-			return
-		}
-		o.watchdog = period
-	})
+	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
 }
 
 // WithLockDelay makes an acquisition of the Session that waited wait d more
@@ -178,13 +172,7 @@ func WithWatchdog(period time.Duration) SessionOption {
 // delayed, even right after a crash. d <= 0: NewSession returns
 // ErrInvalidArgument.
 func WithLockDelay(d time.Duration) SessionOption {
-	return sessionOptionFunc(func(o *sessionOptions) {
-		if d <= 0 {
-			o.invalid("lock delay must be positive, got %v", d)
-			return
-		}
-		o.lockDelay = d
-	})
+	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }
 
 // WithObserver adds o to the Session's observers; package

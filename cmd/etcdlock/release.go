@@ -5,10 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -74,21 +71,12 @@ func releaseCommand(args []string, sio stdio) error {
 	case o.key != "" && !strings.HasPrefix(o.key, name+"/"):
 		return usagef("release", "--lock-key %q is not a key of the lock %q (its keys begin with %q)", o.key, name, name+"/")
 	}
-	if err := o.conn.fromEnv(fs, sio.getenv); err != nil {
-		return err
-	}
-	cfg, err := o.conn.config("release")
+	c, err := o.conn.dial(fs, "release", name, sio)
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	cli, err := connect(ctx, cfg, name+"/")
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
+	defer c.Close()
+	ctx, cli, cfg := c.ctx, c.cli, c.cfg
 	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	entries, err := etcdlock.Inspect(qctx, cli, name)
 	var q []queued
