@@ -209,7 +209,7 @@ func (h *keyHold) monitor(ctx context.Context) {
 		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Lease: h.t.term.id, Key: h.t.Key(), Token: h.token(), Reason: h.lossReason(why)})
 	}
 	if capped {
-		h.dropKey(ctx)
+		dropCapped(ctx, h.t)
 	}
 }
 
@@ -280,7 +280,7 @@ func (h *keyHold) watchLoss(ctx context.Context, from int64) (int64, LossReason)
 	defer timer.Stop()
 	reread := time.NewTicker(tm.ttl)
 	defer reread.Stop()
-	capped, stopCap := h.capTimer()
+	capped, stopCap := capTimer(h.since, s.maxHold)
 	defer stopCap()
 	for {
 		select {
@@ -407,7 +407,11 @@ func (h *keyHold) unlock(ctx context.Context, then func()) error {
 	if then != nil {
 		then()
 	}
-	if !deleted || h.cappedFirst() {
+	h.mu.Lock()
+	capped := h.capped
+	h.mu.Unlock()
+	if !deleted || capped {
+		// A hold capped before its end is lost, whichever delete came first.
 		if t.term.Expired() {
 			return ErrSessionExpired
 		}

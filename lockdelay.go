@@ -39,7 +39,7 @@ func (t *ticket) followsCrash(ctx context.Context) bool {
 	defer cancel()
 	// The queues as our key found them: a read at its revision.
 	var kvs []*mvccpb.KeyValue
-	names := t.queueNames()
+	names := queueNames(t.kind, t.lock, t.Keys())
 	for _, name := range names {
 		resp, err := t.s.client.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(t.Rev()))
 		if err != nil {
@@ -50,7 +50,7 @@ func (t *ticket) followsCrash(ctx context.Context) bool {
 	asked := map[clientv3.LeaseID]bool{t.term.id: true}
 	for _, kv := range kvs {
 		lease := clientv3.LeaseID(kv.Lease)
-		if kv.CreateRevision >= t.Rev() || asked[lease] || !t.inQueues(names, kv.Key) {
+		if kv.CreateRevision >= t.Rev() || asked[lease] || !inQueues(names, kv.Key) {
 			continue
 		}
 		asked[lease] = true
@@ -60,16 +60,6 @@ func (t *ticket) followsCrash(ctx context.Context) bool {
 		ttl, err := t.s.client.TimeToLive(ctx, lease)
 		if err != nil || ttl.TTL == -1 {
 			return true // gone (rpctypes.ErrLeaseNotFound, or TTL -1), or cannot tell
-		}
-	}
-	return false
-}
-
-// inQueues reports whether key is a key of one of the queues of names.
-func (t *ticket) inQueues(names []string, key []byte) bool {
-	for _, name := range names {
-		if inQueue(name+"/", key) {
-			return true
 		}
 	}
 	return false

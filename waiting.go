@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -97,24 +96,12 @@ func (h *keyHold) watchWaiters(ctx context.Context) {
 	}
 }
 
-// queueNames returns the names of the locks whose queues the hold is in.
-func (t *ticket) queueNames() []string {
-	if t.kind == KindRead || t.kind == KindWrite {
-		return []string{t.lock}
-	}
-	names := make([]string, 0, len(t.Keys()))
-	for _, key := range t.Keys() {
-		names = append(names, key[:strings.LastIndexByte(key, '/')])
-	}
-	return names
-}
-
 // readWaiters reads the hold's queues, in one Txn, and reports whether one
 // of them has a key that does not hold, and the revision of the read.
 func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, waitingReadTimeout)
 	defer cancel()
-	names := h.t.queueNames()
+	names := queueNames(h.t.kind, h.t.lock, h.t.Keys())
 	ops := make([]clientv3.Op, len(names))
 	for i, name := range names {
 		ops[i] = clientv3.OpGet(name+"/", clientv3.WithPrefix())
@@ -144,7 +131,7 @@ func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 // returns nil at the first put of a queue's key or after a TTL, or an error
 // when the watch fails or ctx ends.
 func (h *keyHold) awaitPut(ctx context.Context, rev int64) error {
-	names := h.t.queueNames()
+	names := queueNames(h.t.kind, h.t.lock, h.t.Keys())
 	wctx, cancel := context.WithCancel(ctx)
 	responses := make(chan watched)
 	var wg sync.WaitGroup
@@ -166,7 +153,7 @@ func (h *keyHold) awaitPut(ctx context.Context, rev int64) error {
 				return errWatchEnded
 			}
 			for _, ev := range w.wr.Events {
-				if h.t.inQueues(names, ev.Kv.Key) {
+				if inQueues(names, ev.Kv.Key) {
 					return nil
 				}
 			}
