@@ -158,7 +158,7 @@ func WithWatchdog(period time.Duration) SessionOption {
 // that long to see its loss, as Chubby's and Consul's lock-delay give. A
 // clean unlock hands off at once. The acquisition holds (its key is the
 // holder's) during the delay; if ctx ends meanwhile, it deletes its key and
-// returns ctx.Err().
+// returns ctx.Err(). TryLockFor's wait does not bound the delay: ctx does.
 //
 // How it tells them apart: once it holds, it reads the queue as it was when
 // its key was put (one read at that revision) and asks etcd whether the
