@@ -12,10 +12,11 @@ import (
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
-// TestRunMaxHoldAndLockDelay: run --max-hold stops COMMAND as a lost lock
-// and leaves no key; run --lock-delay starts COMMAND only the delay after
-// the holder before it crashed.
-func TestRunMaxHoldAndLockDelay(t *testing.T) {
+// TestRunOnCall: run --max-hold stops COMMAND as a lost lock and leaves no
+// key; run --lock-delay starts COMMAND only the delay after the holder
+// before it crashed; run --watchdog gives up the lock once COMMAND stops
+// touching $ETCDLOCK_PROGRESS, and not while it does.
+func TestRunOnCall(t *testing.T) {
 	testflags.Parallel(t)
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -51,8 +52,27 @@ func TestRunMaxHoldAndLockDelay(t *testing.T) {
 		}
 	})
 
+	t.Run("watchdog", func(t *testing.T) {
+		name := lockName(t)
+		// Reports progress for 1.2 s, then hangs.
+		report := `for i in 1 2 3 4 5 6; do touch "$ETCDLOCK_PROGRESS"; sleep 0.2; done; sleep 60`
+		r := runCLI(t, nil, "run", "--watchdog", "500ms", "--kill-grace", "0", "--endpoints", ep, name, "--", "sh", "-c", report)
+		r.want(t, exitLost)
+		if !strings.Contains(r.stderr, "--watchdog 500ms") {
+			t.Fatalf("stderr: got %q, want it to name --watchdog", r.stderr)
+		}
+		if r.took < 1200*time.Millisecond {
+			t.Fatalf("run gave up after %v, while COMMAND reported progress for 1.2 s", r.took)
+		}
+		if keys := lockKeys(t, cli, name); len(keys) != 0 {
+			t.Fatalf("keys after the watchdog gave up: got %v, want none", keys)
+		}
+		ok := `for i in 1 2 3 4 5 6; do touch "$ETCDLOCK_PROGRESS"; sleep 0.2; done`
+		runCLI(t, nil, "run", "--watchdog", "500ms", "--endpoints", ep, name, "--", "sh", "-c", ok).want(t, 0)
+	})
+
 	t.Run("bad input", func(t *testing.T) {
-		for _, flag := range []string{"--max-hold", "--lock-delay"} {
+		for _, flag := range []string{"--max-hold", "--lock-delay", "--watchdog"} {
 			runCLI(t, nil, "run", flag, "-1s", "--endpoints", ep, lockName(t), "--", "true").want(t, exitUsage)
 		}
 	})
