@@ -158,8 +158,9 @@ func ExampleWithLockDelay() {
 		if err := m.LockContext(ctx); err != nil {
 			log.Fatal(err)
 		}
-		locked <- time.Now()
+		at := time.Now()
 		m.Unlock()
+		locked <- at
 	}()
 	for {
 		if e, _ := etcdlock.Inspect(ctx, client, "payments"); len(e) == 2 {
