@@ -33,7 +33,7 @@ func TestLockDelay(t *testing.T) {
 		ws := newSession(t, client, etcdlock.WithLockDelay(d))
 		locked := result(func() error { return etcdlock.NewMutex(ws, name).LockContext(ctx) })
 		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == 2 })
-		gone := deleteSeen(t, client, keyOf(name, holder.Lease()), entryOf(t, client, name, holder.Lease()).Token)
+		gone := deleteSeen(t, client, keyOf(name, holder.Lease()), entryOf(t, client, name, holder.Lease()).Token, nil)
 		before := kill(holder)
 		<-gone
 		// The waiter's key holds in etcd while its acquisition waits out the delay.

@@ -35,8 +35,8 @@ func TestWatchdogLead(t *testing.T) {
 		}
 		// Reports for 3 periods: the lead is kept.
 		for end := time.Now().Add(3 * period); time.Now().Before(end); time.Sleep(period / 6) {
+			lastReport = time.Now() // no later than the report
 			etcdlock.Progress(ctx)
-			lastReport = time.Now()
 			if ctx.Err() != nil {
 				t.Errorf("f's context cancelled while it reported progress")
 			}
