@@ -87,6 +87,10 @@ func (s *Session) acquire(ctx context.Context, c claim) (*keyHold, error) {
 		t.abort(opCtx, c.then)
 		return fail(queued || t.Contended(), err)
 	}
+	if err := t.lockDelay(opCtx); err != nil {
+		t.abort(opCtx, c.then)
+		return fail(true, err)
+	}
 	h := t.newHold()
 	if c.grant != nil {
 		c.grant(h)

@@ -13,10 +13,14 @@ import (
 // (they do not exclude each other); holds they leave end with the scope, and
 // a context kept after f returned grants nothing. Do returns the lock's error if f did not run; else f's error; else
 // ErrLockLost if the hold was lost, or about to be, while f ran; else the
-// release's error. If f panics, Do releases the lock and panics again.
+// release's error. With WithWatchdog, it returns ErrStalled, whatever f
+// returned, once the watchdog cancelled f. If f panics, Do releases the
+// lock and panics again.
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
 	o := m.do(ctx, f)
 	switch {
+	case o.stalled:
+		return ErrStalled
 	case o.err != nil:
 		return o.err
 	case o.lost:
@@ -30,6 +34,8 @@ type doing struct {
 	ran     bool  // f ran: err is f's, not the lock's
 	err     error // the lock's error, or f's
 	lost    bool  // the hold was lost, or about to be, while f ran
+	stalled bool  // f reported no progress within the watchdog's period
+	closed  bool  // and did not return within another: the Session was closed
 	release error // the release's error
 }
 
@@ -49,6 +55,11 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 	if held.h != nil {
 		term = held.h.t.term
 	}
+	var dog *watchdog
+	if period := m.s.watchdog; period > 0 {
+		dog = newWatchdog(period)
+		fctx = context.WithValue(fctx, watchdogKey{}, dog)
+	}
 	fctx, cancel := context.WithCancel(fctx)
 	loss := m.Done()
 
@@ -65,6 +76,9 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 		case <-stop:
 		}
 	})
+	if dog != nil {
+		wg.Go(func() { dog.run(stop, cancel, func() { _ = m.s.Close() }) })
+	}
 
 	defer func() {
 		close(stop)
@@ -72,6 +86,8 @@ func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o do
 		cancel()
 		st.closeScope(sc)
 		o.lost = lost || term != nil && term.Expired()
+		o.stalled = dog != nil && dog.stalled.Load()
+		o.closed = dog != nil && dog.closed.Load()
 		o.release = m.UnlockContext(context.WithoutCancel(ctx))
 	}()
 	return doing{ran: true, err: f(fctx)}

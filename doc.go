@@ -96,9 +96,20 @@
 //     its key's delete (by anyone) or its lease's revoke; 2/3 of the TTL after
 //     the last keep-alive etcd acknowledged was sent, at least TTL/3 before
 //     etcd can expire the lease (never while etcd answers keep-alives, sent
-//     every TTL/4, within 5/12 of the TTL); and when the Session ends. Then
-//     stop touching the resource; Done does not unlock. Its watch starts at
-//     the first call to Done.
+//     every TTL/4, within 5/12 of the TTL); when the Session ends; and at a
+//     WithMaxHold cap. Then stop touching the resource; Done does not
+//     unlock. Its watch starts at the first call to Done (WithMaxHold: at the
+//     acquisition).
+//
+// # For the people on call
+//
+// Release breaks a stuck lock (etcdlock release on the command line): it
+// deletes a holder's key, fenced on its token, and the holder learns of it
+// through Done. WithMaxHold caps every hold of a Session; WithLockDelay
+// makes an acquisition wait after a crash of the holder before it; Waiting
+// (on a Hold or a Permit) says that someone waits behind the hold;
+// Session.Health and Session.HealthHandler serve probes; WithWatchdog and
+// Progress make Do and Lead give up an f that stopped making progress.
 //
 // # Compatibility and permissions
 //

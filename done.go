@@ -33,14 +33,23 @@ type keyHold struct {
 	mu       sync.Mutex
 	done     chan struct{}
 	signaled bool
-	ended    bool               // released: its end is not a loss
-	gone     bool               // the monitor found the hold lost before its end
-	stop     context.CancelFunc // stops the monitor goroutine; nil until lost is called
+	ended    bool // released: its end is not a loss
+	gone     bool // the monitor found the hold lost before its end
+	capped   bool // the monitor ended the hold at its cap (maxhold.go)
+	// waiting closes once another acquisition waits behind the hold
+	// (waiting.go); nil until asked for. stopWaiting stops its watch.
+	waiting     chan struct{}
+	stopWaiting context.CancelFunc
+	stop        context.CancelFunc // stops the monitor goroutine; nil until lost is called
 }
 
 // newHold begins a hold of t's key.
 func (t *ticket) newHold() *keyHold {
-	return &keyHold{t: t, since: time.Now(), done: make(chan struct{})}
+	h := &keyHold{t: t, since: time.Now(), done: make(chan struct{})}
+	if t.s.maxHold > 0 {
+		h.lost() // the monitor enforces the cap
+	}
+	return h
 }
 
 // again returns a new hold of the same key: a local hand-off keeps the key
@@ -138,6 +147,9 @@ func (h *keyHold) end() bool {
 	if h.stop != nil {
 		h.stop()
 	}
+	if h.stopWaiting != nil {
+		h.stopWaiting()
+	}
 	return true
 }
 
@@ -186,13 +198,18 @@ func (h *keyHold) monitor(ctx context.Context) {
 	h.mu.Lock()
 	ended := h.ended
 	h.gone = !ended
+	h.capped = !ended && why == LossMaxHold
 	if !h.signaled {
 		h.signaled = true
 		close(h.done)
 	}
+	capped := h.capped
 	h.mu.Unlock()
 	if s := h.t.s; !ended && s.events != nil {
 		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Lease: h.t.term.id, Key: h.t.Key(), Token: h.token(), Reason: h.lossReason(why)})
+	}
+	if capped {
+		dropCapped(ctx, h.t)
 	}
 }
 
@@ -204,7 +221,7 @@ func (h *keyHold) monitor(ctx context.Context) {
 // expiry of our lease deletes it too; only observed Sessions pay that read.
 func (h *keyHold) lossReason(why LossReason) LossReason {
 	s, tm := h.t.s, h.t.term
-	if why == LossKeepAliveSilent {
+	if why == LossKeepAliveSilent || why == LossMaxHold {
 		return why
 	}
 	if why == LossKeyDeleted && !tm.Expired() {
@@ -263,6 +280,8 @@ func (h *keyHold) watchLoss(ctx context.Context, from int64) (int64, LossReason)
 	defer timer.Stop()
 	reread := time.NewTicker(tm.ttl)
 	defer reread.Stop()
+	capped, stopCap := capTimer(h.since, s.maxHold)
+	defer stopCap()
 	for {
 		select {
 		case w := <-responses:
@@ -300,6 +319,8 @@ func (h *keyHold) watchLoss(ctx context.Context, from int64) (int64, LossReason)
 				return 0, LossKeepAliveSilent
 			}
 			timer.Reset(d)
+		case <-capped:
+			return 0, LossMaxHold
 		case <-ctx.Done():
 			return 0, LossSessionClosed
 		}
@@ -386,7 +407,11 @@ func (h *keyHold) unlock(ctx context.Context, then func()) error {
 	if then != nil {
 		then()
 	}
-	if !deleted {
+	h.mu.Lock()
+	capped := h.capped
+	h.mu.Unlock()
+	if !deleted || capped {
+		// A hold capped before its end is lost, whichever delete came first.
 		if t.term.Expired() {
 			return ErrSessionExpired
 		}

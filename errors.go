@@ -12,7 +12,8 @@ import (
 var (
 	// ErrNotHeld is returned by an unlock when the calling goroutine (or the
 	// Do scope of its context) holds nothing of that kind, and by
-	// Permit.Release for a nil or released Permit. Nothing is changed.
+	// Permit.Release for a nil or released Permit, and by Release when the
+	// key is gone or has another token. Nothing is changed.
 	ErrNotHeld = errors.New("etcdlock: unlock of a lock not held by this goroutine")
 
 	// ErrSessionExpired is returned by every lock call once its session's
@@ -51,6 +52,10 @@ var (
 	// ErrLimitMismatch is returned by Semaphore.Acquire and TryAcquire when a
 	// holder or waiter of the name has another limit (or is no Semaphore).
 	ErrLimitMismatch = errors.New("etcdlock: semaphore limit mismatch")
+
+	// ErrStalled is returned by Do, and by Lead where the Session had to be
+	// closed, when f reported no progress within the WithWatchdog period.
+	ErrStalled = errors.New("etcdlock: no progress reported within the watchdog period")
 
 	// ErrNoLeader is returned, wrapped, by LeaderOf when nobody leads.
 	ErrNoLeader = errors.New("etcdlock: no leader")

@@ -67,6 +67,17 @@ func inQueue(pfx string, key []byte) bool {
 	return queue.IsMember(pfx, key) || queue.IsMember(pfx+"read/", key) || queue.IsMember(pfx+"write/", key)
 }
 
+// inQueues reports whether key is a key of the queue of one of the locks
+// names.
+func inQueues(names []string, key []byte) bool {
+	for _, name := range names {
+		if inQueue(name+"/", key) {
+			return true
+		}
+	}
+	return false
+}
+
 // queueOf returns the queue of the lock with prefix pfx, as Inspect orders
 // it, from keys under pfx in any order; keys not inQueue are left out. It
 // never returns nil, and does not change kvs.

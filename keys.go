@@ -47,6 +47,21 @@ func describeLimit(value []byte) string {
 	return "no limit (not a semaphore's key)"
 }
 
+// queueNames returns the names of the locks whose queues keys, of a lock
+// call of kind on the lock called lock, are in: an RWMutex's, its name; a
+// Mutex's, Semaphore's or MultiMutex's, each key's name (its key less the
+// last "/" and what follows).
+func queueNames(kind Kind, lock string, keys []string) []string {
+	if kind == KindRead || kind == KindWrite {
+		return []string{lock}
+	}
+	names := make([]string, 0, len(keys))
+	for _, key := range keys {
+		names = append(names, key[:strings.LastIndexByte(key, '/')])
+	}
+	return names
+}
+
 // mutexKey is the key of a Mutex of name with lease id, as etcd's
 // concurrency.Mutex and etcdctl lock name it: a MultiMutex's keys are its
 // names' Mutex keys.

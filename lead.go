@@ -18,7 +18,9 @@ import (
 // releases the lock and panics again. It closes its Session (made with opts,
 // WithRenewal) on every way out, and refuses WithLease and WithContext
 // (ErrInvalidArgument): end ctx instead. Failures are retried with backoff,
-// and reported to the observers.
+// and reported to the observers. WithWatchdog, an f that reports no progress
+// gives up the lead: Lead campaigns again once f returns, and returns
+// ErrStalled where f did not return in time and the Session was closed.
 func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx context.Context) error, opts ...SessionOption) error {
 	switch {
 	case ctx == nil:
@@ -103,7 +105,9 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 				return err
 			}
 			continue
-		case o.err != nil && !o.lost:
+		case o.closed:
+			return fmt.Errorf("%w: lead %q: f did not return within the period after its context was cancelled: the session was closed", ErrStalled, name)
+		case o.err != nil && !o.lost && !o.stalled:
 			return o.err
 		}
 		retry.reset()

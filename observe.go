@@ -67,6 +67,7 @@ const (
 	LossLeaseGone       LossReason = "lease_gone"       // the lease was revoked or expired, which deletes our key too
 	LossKeepAliveSilent LossReason = "keepalive_silent" // 2/3 of the TTL since the last acknowledged keep-alive was sent: the lease may expire
 	LossSessionClosed   LossReason = "session_closed"   // Close was called, or the WithContext context ended
+	LossMaxHold         LossReason = "max_hold"         // the hold reached its cap (WithMaxHold): its key is deleted next
 )
 
 // An Event is one thing that happened to a lock of a Session, or to its

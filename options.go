@@ -27,6 +27,9 @@ type sessionOptions struct {
 	handoffs  int
 	identity  string
 	renew     bool
+	maxHold   time.Duration
+	watchdog  time.Duration
+	lockDelay time.Duration
 	observers []Observer
 	err       error
 }
@@ -45,12 +48,18 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 // it): how long the lock stays taken after this process dies or is cut off,
 // and how long a holder may believe it holds a lock it has lost.
 func WithTTL(ttl time.Duration) SessionOption {
+	return positive("TTL", ttl, func(o *sessionOptions) *time.Duration { return &o.ttl })
+}
+
+// positive returns an option that sets the duration that field points to
+// to d, or, where d is not positive, makes the options invalid, naming what.
+func positive(what string, d time.Duration, field func(*sessionOptions) *time.Duration) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
-		if ttl <= 0 {
-			o.invalid("TTL must be positive, got %v", ttl)
+		if d <= 0 {
+			o.invalid("%s must be positive, got %v", what, d)
 			return
 		}
-		o.ttl = ttl
+		*field(o) = d
 	})
 }
 
@@ -110,6 +119,60 @@ func WithIdentity(id string) SessionOption {
 // end of the WithContext context, or when the client is closed.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
+}
+
+// WithMaxHold caps every hold of the Session (of every kind, and Do's and
+// Lead's) at d from its acquisition (default: no cap), for a holder that may
+// hang: once d has passed, the hold's Done closes (HoldLost, LossMaxHold),
+// and then its key is deleted, fenced on its token, so that the next in the
+// queue holds; the holder's unlock returns ErrLockLost, and Do and Lead see
+// f's context cancelled. A hold ended before d is not touched. d <= 0:
+// NewSession returns ErrInvalidArgument.
+//
+// A cap makes a lock safe only with fencing: a holder that hangs past d and
+// then writes is no longer alone, so the resource must refuse its token or
+// the write be guarded by IsOwner. A hold handed on within the Session
+// (WithLocalHandoff) counts d from the hand-off. The cap starts the hold's
+// loss monitor (a watch of its key) at once.
+func WithMaxHold(d time.Duration) SessionOption {
+	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
+}
+
+// WithWatchdog makes Do and Lead on the Session watch their f (default: no
+// watchdog), as client-go's HealthzAdaptor does for its elector: f reports
+// progress with Progress(ctx); when it has not for period, f's context is
+// cancelled, the lock is released once f returns, and Do returns
+// ErrStalled; Lead campaigns again. If f has still not returned period after
+// that, the Session is closed, which revokes its lease and so frees every
+// lock of the Session for others; Do and Lead then return ErrStalled when f
+// returns. A period starts when f does. period <= 0: NewSession and Lead
+// return ErrInvalidArgument.
+func WithWatchdog(period time.Duration) SessionOption {
+	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
+}
+
+// WithLockDelay makes an acquisition of the Session that waited wait d more
+// before it returns (default: none), where a key that was ahead of it in the
+// queue went with its lease (expired or revoked: a holder that crashed, or
+// was cut off) rather than by an unlock: a holder that was only cut off has
+// that long to see its loss, as Chubby's and Consul's lock-delay give. A
+// clean unlock hands off at once. The acquisition holds (its key is the
+// holder's) during the delay; if ctx ends meanwhile, it deletes its key and
+// returns ctx.Err(). TryLockFor's wait does not bound the delay: ctx does.
+//
+// How it tells them apart: once it holds, it reads the queue as it was when
+// its key was put (one read at that revision) and asks etcd whether the
+// lease of each key ahead still exists (LeaseTimeToLive): an unlock deletes
+// the key and leaves the lease, a crash takes the lease with it. Where it
+// cannot tell (the revision compacted, etcd not answering, a holder that
+// unlocked and then revoked its lease, as Close does, before the question),
+// it delays: it never skips the delay after a crash it could have seen. A key
+// deleted while its lease lives (an unlock, or Release by hand) is no crash. An
+// acquisition that did not wait (no key ahead when it queued) is not
+// delayed, even right after a crash. d <= 0: NewSession returns
+// ErrInvalidArgument.
+func WithLockDelay(d time.Duration) SessionOption {
+	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }
 
 // WithObserver adds o to the Session's observers; package

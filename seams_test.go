@@ -37,6 +37,8 @@ const (
 	callOwnWatch   call = "own-watch"  // the wait's watch of our own key
 	callLossWatch  call = "loss-watch" // the loss monitor's watch of a held key
 	callKeepAlive  call = "keepalive"  // the lease's keep-alive
+	callHistory    call = "history"    // a read at a past revision: lock-delay's read of the queue as our key found it
+	callLeaseTTL   call = "lease-ttl"  // a lease's time to live: lock-delay's question, whether a lease ahead is gone
 )
 
 // A fault is what the matrix does to one call.
@@ -149,6 +151,13 @@ func classify(method string, req any) (call, bool) {
 	switch method {
 	case "/etcdserverpb.Lease/LeaseGrant":
 		return callGrant, true
+	case "/etcdserverpb.Lease/LeaseTimeToLive":
+		return callLeaseTTL, true
+	case "/etcdserverpb.KV/Range":
+		if req.(*pb.RangeRequest).Revision > 0 {
+			return callHistory, true
+		}
+		return "", false
 	case txnMethod:
 	default:
 		return "", false

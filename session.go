@@ -23,6 +23,9 @@ type Session struct {
 	client      *clientv3.Client
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
 	maxHandoffs int           // WithLocalHandoff
+	maxHold     time.Duration // WithMaxHold: 0, no cap
+	watchdog    time.Duration // WithWatchdog: 0, none
+	lockDelay   time.Duration // WithLockDelay: 0, none
 	identity    string        // WithIdentity: the value of every key we put
 	renews      bool          // WithRenewal: a new lease after each loss
 
@@ -90,6 +93,9 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	s := &Session{
 		client:      client,
 		maxHandoffs: o.handoffs,
+		maxHold:     o.maxHold,
+		watchdog:    o.watchdog,
+		lockDelay:   o.lockDelay,
 		identity:    o.identity,
 		renews:      o.renew,
 		ctx:         o.ctx,

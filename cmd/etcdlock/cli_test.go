@@ -36,6 +36,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"help", "run"}, nil, 0, "--kill-grace"},
 		{[]string{"help", "holders"}, nil, 0, "no holder"},
 		{[]string{"holders", "-h"}, nil, 0, "--watch"},
+		{[]string{"help", "release"}, nil, 0, "--lock-key"},
+		{[]string{"release", "-h"}, nil, 0, "fenced on the key's token"},
 		{[]string{"help", "demo"}, nil, 0, "--workers"},
 		{[]string{"help", "frobnicate"}, nil, exitUsage, "unknown command"},
 		{[]string{"run", "-h"}, nil, 0, "ETCDLOCK_TOKEN"},

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +20,42 @@ import (
 // dials the endpoints itself to tell why there is none: a healthy etcd
 // answers well within it, and never sees those dials.
 const probeAfter = 300 * time.Millisecond
+
+// A lockConn is a command's connection to etcd for one lock: the client,
+// its configuration (for messages), and a context that ends on SIGINT or
+// SIGTERM.
+type lockConn struct {
+	ctx  context.Context
+	cli  *clientv3.Client
+	cfg  clientv3.Config
+	stop context.CancelFunc
+}
+
+// dial reads the connection flags of the command cmd, and their ETCDCTL_
+// variables, and connects for the lock name (see connect). Close the
+// lockConn when done.
+func (cf *connFlags) dial(fs *commandFlags, cmd, name string, sio stdio) (*lockConn, error) {
+	if err := cf.fromEnv(fs, sio.getenv); err != nil {
+		return nil, err
+	}
+	cfg, err := cf.config(cmd)
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	cli, err := connect(ctx, cfg, name+"/")
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &lockConn{ctx: ctx, cli: cli, cfg: cfg, stop: stop}, nil
+}
+
+// Close closes the client and stops catching the signals.
+func (c *lockConn) Close() {
+	c.cli.Close()
+	c.stop()
+}
 
 // connect returns a client of cfg once etcd has answered a read of key within
 // the dial timeout, which proves that it is reachable, accepts our

@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -71,21 +68,12 @@ func holdersCommand(args []string, sio stdio) error {
 	if len(rest) > 0 {
 		return usagef("holders", "unexpected argument %q after NAME", rest[0])
 	}
-	if err := o.conn.fromEnv(fs, sio.getenv); err != nil {
-		return err
-	}
-	cfg, err := o.conn.config("holders")
+	c, err := o.conn.dial(fs, "holders", name, sio)
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	cli, err := connect(ctx, cfg, name+"/")
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
+	defer c.Close()
+	ctx, cli, cfg := c.ctx, c.cli, c.cfg
 	if o.watch {
 		watchQueue(ctx, cli, name, sio.out)
 		return nil

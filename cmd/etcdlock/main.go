@@ -1,10 +1,11 @@
 // Command etcdlock runs a command under a distributed lock on etcd, shows who
-// holds a lock and who waits for it, and demonstrates the etcdlock package on
-// an embedded etcd.
+// holds a lock and who waits for it, checks a fence, breaks a stuck lock, and
+// demonstrates the etcdlock package on an embedded etcd.
 //
 //	etcdlock run [flags] NAME -- COMMAND [ARGS...]
 //	etcdlock holders [--watch] [flags] NAME
 //	etcdlock check [flags] FENCE
+//	etcdlock release [--lock-key KEY | --token N] [--yes] [flags] NAME
 //	etcdlock demo [flags]
 //
 // Its locks are those of the etcdlock package, of etcd's concurrency.Mutex
@@ -92,6 +93,8 @@ func cli(args []string, sio stdio) int {
 		err = holdersCommand(rest, sio)
 	case "check":
 		err = checkCommand(rest, sio)
+	case "release":
+		err = releaseCommand(rest, sio)
 	case "demo":
 		err = demoCommand(rest, sio)
 	case "help", "-h", "-help", "--help":
@@ -139,6 +142,8 @@ Usage:
                                                   with --watch, again after every change
   etcdlock check [flags] FENCE                    whether the hold FENCE names (a run's $ETCDLOCK_FENCE)
                                                   still holds its lock
+  etcdlock release [flags] NAME                   break a stuck lock: delete its holders' keys
+                                                  (or one, --lock-key/--token), after a confirmation
   etcdlock demo [flags]                           a self-checking demo on an embedded etcd
   etcdlock help [COMMAND]                         this help, or the flags of COMMAND
   etcdlock version                                etcdlock's version, Go version and platform
@@ -162,6 +167,8 @@ func help(args []string, sio stdio) int {
 		fs, _ = newHoldersFlags()
 	case "check":
 		fs, _ = newCheckFlags()
+	case "release":
+		fs, _ = newReleaseFlags()
 	case "demo":
 		fs, _ = newDemoFlags()
 	default:

@@ -77,7 +77,8 @@ For scripts written for flock(1): --wait 0 is flock's -n, --wait 30s its
 message names its holder, unless --quiet.
 
 Exit statuses: COMMAND's own; 64 usage; 69 etcd unreachable or refused us;
-74 lock lost; 75 lock busy (--wait ran out; see --conflict-exit-code); 126
+74 lock lost (also at --max-hold, or given up by --watchdog); 75 lock busy (--wait ran out; see
+--conflict-exit-code); 126
 COMMAND could not be started; 127 COMMAND not found; 128+N signal N while
 waiting.
 `
@@ -181,6 +182,9 @@ type runOptions struct {
 	shared   bool // --shared
 	limit    int  // --limit; 0 if not given
 	locks    locksFlag
+	maxHold  time.Duration // --max-hold; 0: none
+	delay    time.Duration // --lock-delay; 0: none
+	watchdog time.Duration // --watchdog; 0: none
 }
 
 // locksFlag is --lock, given once per lock.
@@ -217,10 +221,13 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.BoolVar(&o.shared, "shared", false, "a shared hold, as flock's -s: many --shared runs at once, none beside a run without it")
 	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N")
 	c.Var(&o.locks, "lock", "a lock `NAME` to hold, instead of NAME; given several times, the run holds all those locks at once (not with --shared or --limit)")
+	c.durationVar(&o.maxHold, "max-hold", 0, "1h or 90m", "stop COMMAND as a lost lock (exit 74) once the lock was held this `long`, and delete its key; 0: no cap. Safe only where the resource checks ETCDLOCK_TOKEN")
+	c.durationVar(&o.delay, "lock-delay", 0, "5s or 30s", "once the lock is ours, wait this `long` before COMMAND starts if the holder before us crashed (its lease expired or was revoked) rather than unlocked; 0: no delay")
+	c.durationVar(&o.watchdog, "watchdog", 0, "30s or 5m", "give up the lock as if lost (exit 74) when COMMAND has not touched the file $ETCDLOCK_PROGRESS for this `long`; 0: no watchdog")
 	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
 	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
 	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "lock", "shared", "limit", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "lock", "shared", "limit", "max-hold", "lock-delay", "watchdog", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -243,6 +250,9 @@ func runCommand(args []string, sio stdio) error {
 	}
 	if o.ttl <= 0 {
 		return usagef("run", "--ttl must be positive, got %v", o.ttl)
+	}
+	if o.maxHold < 0 || o.delay < 0 || o.watchdog < 0 {
+		return usagef("run", "--max-hold, --lock-delay and --watchdog must not be negative, got %v, %v and %v", o.maxHold, o.delay, o.watchdog)
 	}
 	limitSet := false
 	fs.Visit(func(f *flag.Flag) { limitSet = limitSet || f.Name == "limit" })
@@ -393,6 +403,12 @@ func (r *runner) lock(ctx context.Context) error {
 		etcdlock.WithIdentity(r.opts.identity.value(r.command, r.opts.withCmd)),
 		etcdlock.WithObserver(etcdlock.ObserverFunc(r.noteLoss)),
 	}
+	if r.opts.maxHold > 0 {
+		opts = append(opts, etcdlock.WithMaxHold(r.opts.maxHold))
+	}
+	if r.opts.delay > 0 {
+		opts = append(opts, etcdlock.WithLockDelay(r.opts.delay))
+	}
 	s, err := etcdlock.NewSession(cli, append(opts, r.obs.opts...)...)
 	if err != nil {
 		return unavailable(r.cfg, err)
@@ -512,6 +528,17 @@ func (r *runner) runHeld() error {
 		fmt.Sprintf("ETCD_LOCK_REV=%d", token),
 		"ETCDLOCK_FENCE="+r.l.fence().String(),
 	)
+	var stalled <-chan struct{} // closed when --watchdog found no progress
+	if r.opts.watchdog > 0 {
+		pw, err := watchProgress(r.opts.watchdog)
+		if err != nil {
+			r.unlock()
+			return withStatus(exitCannotRun, err)
+		}
+		defer pw.close()
+		stalled = pw.stalled
+		cmd.Env = append(cmd.Env, "ETCDLOCK_PROGRESS="+pw.path)
+	}
 	cmd.SysProcAttr = childAttr()
 	// An interactive COMMAND reads the terminal as its foreground job; it
 	// has the terminal's signals (Ctrl-C) to itself until it exits.
@@ -540,6 +567,7 @@ func (r *runner) runHeld() error {
 
 	var (
 		lostAt time.Time
+		gaveUp bool // --watchdog: no progress
 		kill   <-chan time.Time
 	)
 wait:
@@ -554,7 +582,10 @@ wait:
 			r.warn(signalGroup(pid, sig))
 		case <-lost:
 			lost, lostAt = nil, time.Now()
-			kill = r.stop(pid)
+			kill = r.stop(pid, fmt.Sprintf("lost the lock %q (%s)", r.name, r.lossReason(0)))
+		case <-stalled:
+			stalled, lost, lostAt, gaveUp = nil, nil, time.Now(), true
+			kill = r.stop(pid, fmt.Sprintf("giving up the lock %q: %s did not touch $ETCDLOCK_PROGRESS for --watchdog %v", r.name, r.command[0], r.opts.watchdog))
 		case <-kill:
 			kill = nil
 			r.warn(signalGroup(pid, syscall.SIGKILL))
@@ -576,6 +607,8 @@ wait:
 	unlockErr := r.l.release(context.Background())
 	status := exitStatus(cmd.ProcessState)
 	switch {
+	case gaveUp:
+		return withStatus(exitLost, fmt.Errorf("gave up the lock %q: %s reported no progress for --watchdog %v (it exited with status %d)", r.name, r.command[0], r.opts.watchdog, status))
 	case !lostAt.IsZero():
 		return withStatus(exitLost, fmt.Errorf("lost the lock %q while %s ran (it exited with status %d): %s", r.name, r.command[0], status, r.lossReason(time.Second)))
 	case errors.Is(unlockErr, etcdlock.ErrLockLost), errors.Is(unlockErr, etcdlock.ErrSessionExpired):
@@ -613,18 +646,18 @@ func anyClosed(chs []<-chan struct{}) (<-chan struct{}, func()) {
 	}
 }
 
-// stop starts stopping COMMAND's process group after the lock was lost, and
-// returns when to kill it, or nil if it was killed at once. It says why the
-// lock was lost if the reason has come already: the signal does not wait.
-func (r *runner) stop(pid int) <-chan time.Time {
+// stop starts stopping COMMAND's process group after the lock was lost (or
+// given up by --watchdog), says so with why, and returns when to kill it,
+// or nil if it was killed at once. why gives the reason of a loss if it has
+// come already: the signal does not wait.
+func (r *runner) stop(pid int, why string) <-chan time.Time {
 	if r.grace == 0 {
 		r.warn(signalGroup(pid, syscall.SIGKILL))
-		fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (%s): killed %s\n", r.name, r.lossReason(0), r.command[0])
+		fmt.Fprintf(r.sio.err, "etcdlock: %s: killed %s\n", why, r.command[0])
 		return nil
 	}
 	r.warn(signalGroup(pid, syscall.SIGTERM))
-	fmt.Fprintf(r.sio.err, "etcdlock: lost the lock %q (%s): sent SIGTERM to %s, SIGKILL in %v\n",
-		r.name, r.lossReason(0), r.command[0], r.grace)
+	fmt.Fprintf(r.sio.err, "etcdlock: %s: sent SIGTERM to %s, SIGKILL in %v\n", why, r.command[0], r.grace)
 	return time.After(r.grace)
 }
 
@@ -668,6 +701,8 @@ func (r *runner) lossReason(wait time.Duration) string {
 		return fmt.Sprintf("etcd acknowledged no keep-alive for 2/3 of the TTL %v: the lease could expire", r.s.TTL())
 	case etcdlock.LossSessionClosed:
 		return "the session ended"
+	case etcdlock.LossMaxHold:
+		return fmt.Sprintf("it was held for --max-hold %v", r.opts.maxHold)
 	}
 	return "reason not known yet: key deleted, lease revoked or expired, or etcd silent"
 }

@@ -1,0 +1,54 @@
+package etcdlock
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Health for probes: whether a Session's lease is kept alive within the
+// bound its holds rely on.
+
+// Health returns nil while the Session's lease is kept alive within its
+// bound: etcd acknowledged a keep-alive sent less than 2/3 of the TTL ago,
+// the point where its holds' Done close. Otherwise it returns why:
+// ErrSessionExpired, wrapped, once the Session has ended (Close, its lease
+// revoked or expired, its WithContext context ended, its client closed) or,
+// WithRenewal, while its lease is lost and the next not yet granted; else an
+// error saying how long etcd has not acknowledged a keep-alive. It reads the
+// Session's own clock and sends nothing to etcd: a nil answer says that the
+// lease lived 1/3 of the TTL ago, not that etcd answers now. A nil Session
+// gives ErrInvalidArgument.
+func (s *Session) Health() error {
+	if s == nil {
+		return fmt.Errorf("%w: nil session", ErrInvalidArgument)
+	}
+	tm := s.term.Load()
+	switch {
+	case s.ended():
+		return fmt.Errorf("%w: lease %x: the session has ended", ErrSessionExpired, tm.id)
+	case tm.Expired():
+		return fmt.Errorf("%w: lease %x lost; a new lease is being granted", ErrSessionExpired, tm.id)
+	}
+	if d := tm.untilSilent(); d <= 0 {
+		silent := tm.ttl - tm.ttl/3 - d
+		return fmt.Errorf("etcdlock: lease %x: no keep-alive acknowledged for %v (TTL %v): holds are ending", tm.id, silent.Round(time.Millisecond), tm.ttl)
+	}
+	return nil
+}
+
+// HealthHandler returns an http.Handler for liveness and readiness probes:
+// 200 and "ok" while Health returns nil, else 503 and Health's error, as
+// plain text that no cache keeps. It answers any method and path.
+func (s *Session) HealthHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if err := s.Health(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, err)
+			return
+		}
+		fmt.Fprintf(w, "ok: lease %x kept alive\n", s.Lease())
+	})
+}

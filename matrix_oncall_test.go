@@ -1,0 +1,355 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/testflags"
+)
+
+// The fault matrix of the calls for the people on call (release.go,
+// maxhold.go, waiting.go): each call, each fault it can suffer, injected by a
+// seam (seams_test.go) on the client that makes it, and judged in etcd: whose
+// keys are there, with which tokens, and who holds.
+//
+// The seam names each call as it names the lock's own: Release's fenced
+// delete and a capped hold's delete are the first delete of the hold phase
+// (callRelease); Waiting's read is a Txn of reads only (callTryRead); its
+// watch, a watch from a revision of a key that is not a holder's
+// (callOwnWatch). Lock-delay's read at our key's revision is callHistory,
+// its question about a lease callLeaseTTL.
+
+// An oncallCall is one etcd call of the on-call features, and how a case
+// runs it.
+type oncallCall struct {
+	name   string
+	seamAt call // how the seam names the call
+	faults []fault
+	run    func(oc *oncallCase)
+}
+
+var oncallCalls = []oncallCall{
+	{"release", callRelease, txnFaults, (*oncallCase).release},
+	{"cap-delete", callRelease, txnFaults, (*oncallCase).capDelete},
+	{"waiting-read", callTryRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).waitingRead},
+	{"waiting-watch", callOwnWatch, []fault{faultLagging, faultEvent, faultDeleted, faultRevoked}, (*oncallCase).waitingWatch},
+	{"lock-delay-read", callHistory, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
+	{"lock-delay-lease", callLeaseTTL, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
+}
+
+// oncallCap is the cap of the capped holds of the cases.
+const oncallCap = 500 * time.Millisecond
+
+func TestOnCallFaultMatrix(t *testing.T) {
+	testflags.Parallel(t)
+	srv, healthy := startServer(t)
+	for _, c := range oncallCalls {
+		for _, f := range c.faults {
+			t.Run(fmt.Sprintf("%s/%s", c.name, f), func(t *testing.T) {
+				t.Parallel()
+				oc := &oncallCase{t: t, srv: srv, healthy: healthy, name: lockName(t), sm: newSeam(c.seamAt, f, 1)}
+				oc.sm.lagFrom = map[call]int64{callOwnWatch: 1}
+				t.Cleanup(oc.sm.late.Wait)
+				c.run(oc)
+			})
+		}
+	}
+}
+
+// An oncallCase is one case: the seam, and the holder and waiter it sets up.
+type oncallCase struct {
+	t       *testing.T
+	srv     *etcdtest.Server
+	healthy *clientv3.Client
+	name    string
+	sm      *seam
+
+	holder  *etcdlock.Session
+	m       *etcdlock.Mutex
+	held    etcdlock.QueueEntry // the holder's key, as etcd has it
+	waiter  *worker
+	waitKey *clientv3.GetResponse // the waiter's key, as etcd had it once queued
+}
+
+// hold takes the lock on a Session of client (with opts), and has the seam
+// act on the holder's key or lease by hand.
+func (oc *oncallCase) hold(client *clientv3.Client, opts ...etcdlock.SessionOption) {
+	t := oc.t
+	oc.holder = newSession(t, client, append([]etcdlock.SessionOption{etcdlock.WithTTL(matrixTTL)}, opts...)...)
+	oc.m = etcdlock.NewMutex(oc.holder, oc.name)
+	if err := oc.m.LockContext(testContext(t)); err != nil {
+		t.Fatalf("lock: %v", err)
+	}
+	oc.held = entryOf(t, oc.healthy, oc.name, oc.holder.Lease())
+	oc.sm.hand = func(f fault) {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		if f == faultRevoked {
+			_, _ = oc.healthy.Revoke(ctx, oc.holder.Lease())
+			return
+		}
+		_, _ = oc.healthy.Delete(ctx, oc.held.Key)
+	}
+}
+
+// queueWaiter queues a Mutex of a healthy client behind the holder, and
+// records its key.
+func (oc *oncallCase) queueWaiter() {
+	t := oc.t
+	s := newSession(t, oc.healthy)
+	oc.waiter = lockInGoroutine(t, testContext(t), oursOn(s, oc.name))
+	key := keyOf(oc.name, s.Lease())
+	eventually(t, "the waiter's key", func() bool { return slices.Contains(lockKeys(t, oc.healthy, oc.name), key) })
+	resp, err := oc.healthy.Get(testContext(t), key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the waiter's key: %v, %v", resp, err)
+	}
+	oc.waitKey = resp
+}
+
+// waiterIntact fails the case unless the waiter's key is in etcd as it was
+// put (the same create revision): no fault made anyone delete it.
+func (oc *oncallCase) waiterIntact() {
+	t := oc.t
+	t.Helper()
+	oc.sm.settle()
+	kv := oc.waitKey.Kvs[0]
+	resp, err := oc.healthy.Get(testContext(t), string(kv.Key))
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != kv.CreateRevision {
+		t.Fatalf("the waiter's key %s@%d: got %v, %v; want it untouched", kv.Key, kv.CreateRevision, resp, err)
+	}
+}
+
+// holderGone waits until etcd has no key of the holder's lease in the queue,
+// and the waiter holds.
+func (oc *oncallCase) holderGone(what string) {
+	t := oc.t
+	t.Helper()
+	eventually(t, what, func() bool { return len(keysOfLease(t, oc.healthy, oc.name, oc.holder.Lease())) == 0 })
+	if err := waitErr(t, oc.waiter.locked); err != nil {
+		t.Fatalf("the waiter, once the holder's key is gone: %v", err)
+	}
+}
+
+// unlockLost fails the case unless the holder's unlock says that its key
+// was gone: ErrLockLost, or ErrSessionExpired where its lease was revoked
+// and the Session has seen it.
+func (oc *oncallCase) unlockLost() {
+	t := oc.t
+	t.Helper()
+	err := oc.m.UnlockContext(testContext(t))
+	if !errors.Is(err, etcdlock.ErrLockLost) && !(oc.sm.fault == faultRevoked && errors.Is(err, etcdlock.ErrSessionExpired)) {
+		t.Fatalf("the holder's unlock: got %v, want ErrLockLost", err)
+	}
+}
+
+// release: an operator's Release, faulted on the operator's client.
+func (oc *oncallCase) release() {
+	t := oc.t
+	oc.hold(oc.healthy)
+	done := oc.m.Done()
+	oc.queueWaiter()
+	op := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	oc.sm.enter(phaseHold, cancel)
+	err := etcdlock.Release(ctx, op, oc.name, oc.held)
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	again := func() error { return etcdlock.Release(testContext(t), op, oc.name, oc.held) }
+	switch oc.sm.fault {
+	case faultLost:
+		if err == nil || errors.Is(err, etcdlock.ErrNotHeld) {
+			t.Fatalf("Release, its reply lost: got %v, want etcd's error", err)
+		}
+		oc.holderGone("the holder's key gone, the reply lost")
+		if err := again(); !errors.Is(err, etcdlock.ErrNotHeld) {
+			t.Fatalf("Release again: got %v, want ErrNotHeld", err)
+		}
+	case faultDropped:
+		if err == nil || errors.Is(err, etcdlock.ErrNotHeld) {
+			t.Fatalf("Release, dropped: got %v, want etcd's error", err)
+		}
+		if keys := keysOfLease(t, oc.healthy, oc.name, oc.holder.Lease()); len(keys) != 1 {
+			t.Fatalf("the holder's key after a dropped Release: got %v, want it there", keys)
+		}
+		if isClosed(done) {
+			t.Fatalf("Done closed after a dropped Release")
+		}
+		if err := again(); err != nil {
+			t.Fatalf("Release again: got %v, want nil", err)
+		}
+		oc.holderGone("the holder's key gone, released again")
+	case faultLate:
+		if err == nil {
+			t.Fatalf("Release, late: got nil, want the context's error")
+		}
+		// Before the late Txn applies: the holder unlocks and queues again
+		// behind the waiter, with a new key on the same lease.
+		if err := oc.m.UnlockContext(testContext(t)); err != nil {
+			t.Fatalf("the holder's unlock before the late Release: %v", err)
+		}
+		relock := lockInGoroutine(t, testContext(t), ours{oc.m})
+		if err := waitErr(t, oc.waiter.locked); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the holder's new key", func() bool { return len(keysOfLease(t, oc.healthy, oc.name, oc.holder.Lease())) == 1 })
+		oc.waiterIntact()
+		again := entryOf(t, oc.healthy, oc.name, oc.holder.Lease())
+		if again.Token == oc.held.Token {
+			t.Fatalf("the holder's key: token %d, want a new one", again.Token)
+		}
+		if err := oc.waiter.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitErr(t, relock.locked); err != nil {
+			t.Fatalf("the holder's new hold, after the late Release: %v", err)
+		}
+		return
+	case faultDeleted, faultRevoked:
+		if !errors.Is(err, etcdlock.ErrNotHeld) {
+			t.Fatalf("Release of a key gone: got %v, want ErrNotHeld", err)
+		}
+		oc.holderGone("the holder's key gone by hand")
+	}
+	if _, ok := closedWithin(done, doneBound); !ok {
+		t.Fatalf("the holder's Done open %v after its key went", doneBound)
+	}
+	oc.unlockLost()
+	oc.waiterIntact()
+}
+
+// capDelete: a capped hold's delete, faulted on the holder's client.
+func (oc *oncallCase) capDelete() {
+	t := oc.t
+	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	oc.hold(client, etcdlock.WithMaxHold(oncallCap))
+	done := oc.m.Done()
+	oc.sm.enter(phaseHold, nil)
+	oc.queueWaiter()
+	if _, ok := closedWithin(done, oncallCap+doneBound); !ok {
+		t.Fatalf("Done open %v after a hold capped at %v", oncallCap+doneBound, oncallCap)
+	}
+	// Where the delete failed, its retry in the background deletes the key;
+	// a late one times out first (3 s).
+	oc.holderGone("the capped hold's key gone")
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	oc.unlockLost()
+	oc.waiterIntact()
+}
+
+// askWaiting takes the lock on the seam's client, asks for its Waiting
+// signal, and returns it once the fault has fired.
+func (oc *oncallCase) askWaiting() <-chan struct{} {
+	t := oc.t
+	oc.hold(serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream))
+	h, _ := oc.m.Held()
+	oc.sm.enter(phaseHold, nil)
+	waiting := h.Waiting()
+	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
+	return waiting
+}
+
+// waitingRead: Waiting's read of the queue, faulted: it is read again, and
+// Waiting closes once a waiter queues, not before.
+func (oc *oncallCase) waitingRead() {
+	t := oc.t
+	waiting := oc.askWaiting()
+	if isClosed(waiting) {
+		t.Fatalf("Waiting closed with nobody waiting")
+	}
+	oc.queueWaiter()
+	if _, ok := closedWithin(waiting, 2*(3*time.Second+doneBound)); !ok {
+		t.Fatalf("Waiting open with a waiter in the queue")
+	}
+	if n := queueWaiters(t, testContext(t), oc.healthy, oc.name); n != 1 {
+		t.Fatalf("waiters in etcd: got %d, want 1", n)
+	}
+	if err := oc.m.UnlockContext(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	oc.waiterIntact()
+}
+
+// waitingWatch: Waiting's watch of the queue, faulted. Served from an old
+// revision, it does not close for the old puts it replays; its event lost, a
+// read per TTL finds the waiter; the holder's key or lease gone by hand, it
+// does not close when another takes the lock, and stops.
+func (oc *oncallCase) waitingWatch() {
+	t := oc.t
+	waiting := oc.askWaiting()
+	if _, closed := closedWithin(waiting, 300*time.Millisecond); closed {
+		t.Fatalf("Waiting closed with nobody waiting")
+	}
+	oc.queueWaiter()
+	switch oc.sm.fault {
+	case faultDeleted, faultRevoked:
+		// The waiter holds at once: nobody waits.
+		if err := waitErr(t, oc.waiter.locked); err != nil {
+			t.Fatal(err)
+		}
+		if _, closed := closedWithin(waiting, 300*time.Millisecond); closed {
+			t.Fatalf("Waiting closed when another took the lock the holder lost")
+		}
+		_ = oc.m.UnlockContext(testContext(t))
+		oc.waiterIntact()
+		return
+	}
+	bound := doneBound
+	if oc.sm.fault == faultEvent {
+		bound = 2 * (matrixTTL + time.Second) // the read per TTL
+	}
+	if _, ok := closedWithin(waiting, bound); !ok {
+		t.Fatalf("Waiting open %v with a waiter in the queue", bound)
+	}
+	if err := oc.m.UnlockContext(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	oc.waiterIntact()
+}
+
+// lockDelay: lock-delay's read of the queue, or its question about the
+// holder's lease, faulted, after a clean unlock. A reply lost or a request
+// dropped is retried by the client (the seam sits below its retries); one
+// that never comes back in time leaves it unable to tell, so it delays; the
+// waiter holds, as etcd shows.
+func (oc *oncallCase) lockDelay() {
+	t := oc.t
+	const d = 300 * time.Millisecond
+	oc.hold(oc.healthy)
+	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	ws := newSession(t, client, etcdlock.WithTTL(matrixTTL), etcdlock.WithLockDelay(d))
+	waiter := lockInGoroutine(t, testContext(t), oursOn(ws, oc.name))
+	eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, oc.healthy, oc.name)) == 2 })
+	oc.sm.enter(phaseHold, nil)
+	start := time.Now()
+	if err := oc.m.UnlockContext(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitErr(t, waiter.locked); err != nil {
+		t.Fatalf("the waiter: %v", err)
+	}
+	if took := time.Since(start); oc.sm.fault == faultLate && took < d {
+		t.Fatalf("the waiter returned %v after the unlock, where it could not tell: want the delay %v", took, d)
+	}
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	if e := inspect(t, testContext(t), oc.healthy, oc.name); len(e) != 1 || e[0].Lease != ws.Lease() || !e[0].Holds {
+		t.Fatalf("the queue: got %+v, want the waiter holding", e)
+	}
+	if err := waiter.Release(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,164 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Someone is waiting: a hold learns that another acquisition queues behind
+// it, from a watch of its lock's queue that starts on the first ask and
+// stops at the first waiter, at the hold's end, or at its lease term's end.
+
+const (
+	// waitingRetry is the pause before a failed read or watch of the queue
+	// is tried again.
+	waitingRetry = 500 * time.Millisecond
+	// waitingReadTimeout bounds a read of the queue.
+	waitingReadTimeout = 3 * time.Second
+)
+
+// errWatchEnded: a watch of the queue failed or was closed.
+var errWatchEnded = errors.New("etcdlock: watch of the queue ended")
+
+// Waiting returns a channel closed once another acquisition (of any kind,
+// from any process or goroutine of another Session) waits in the lock's queue
+// behind this hold: for a MultiMutex's hold, in the queue of any of its
+// names. A holder may then finish early, or yield. It does not close when
+// the hold ends or is lost (select on Done too), nor for acquisitions of
+// goroutines of this Session, which wait in this process without a key. It
+// says that one waited, not that one still waits: a waiter may give up. The
+// zero Hold's channel is nil: it never closes.
+//
+// The first call starts a watch of the queue, from one read of it; no
+// polling: the queue is read again only after a put into it, or once per
+// TTL, as the loss monitor reads its key, against a watch event etcd lost
+// (a lost event costs at most one TTL). Where etcd is unreachable the read
+// and watch are tried again.
+func (h Hold) Waiting() <-chan struct{} {
+	if h.h == nil {
+		return nil
+	}
+	return h.h.waiters()
+}
+
+// Waiting returns the channel Hold.Waiting returns, for this permit: closed
+// once another acquisition waits for a permit. A nil Permit's is nil.
+func (p *Permit) Waiting() <-chan struct{} {
+	if p == nil {
+		return nil
+	}
+	return p.h.waiters()
+}
+
+// waiters returns the hold's waiting signal, starting on the first call the
+// goroutine that closes it.
+func (h *keyHold) waiters() <-chan struct{} {
+	s := h.t.s
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.waiting == nil {
+		h.waiting = make(chan struct{})
+		if !h.ended {
+			ctx, cancel := context.WithCancel(h.t.term.ctx())
+			h.stopWaiting = cancel
+			if !s.goBackground(func() { h.watchWaiters(ctx) }) {
+				cancel()
+			}
+		}
+	}
+	return h.waiting
+}
+
+// watchWaiters closes the waiting signal once a queue of the hold has a key
+// that does not hold, or returns when ctx ends (the hold or its term
+// ended). It reads the queues, then watches them for puts from that read
+// on, reading again after each put of a queue's key.
+func (h *keyHold) watchWaiters(ctx context.Context) {
+	for ctx.Err() == nil {
+		rev, waits, err := h.readWaiters(ctx)
+		switch {
+		case waits:
+			close(h.waiting)
+			return
+		case err == nil:
+			err = h.awaitPut(ctx, rev)
+		}
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(waitingRetry):
+			}
+		}
+	}
+}
+
+// readWaiters reads the hold's queues, in one Txn, and reports whether one
+// of them has a key that does not hold, and the revision of the read.
+func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, waitingReadTimeout)
+	defer cancel()
+	names := queueNames(h.t.kind, h.t.lock, h.t.Keys())
+	ops := make([]clientv3.Op, len(names))
+	for i, name := range names {
+		ops[i] = clientv3.OpGet(name+"/", clientv3.WithPrefix())
+	}
+	resp, err := h.t.s.client.Txn(ctx).Then(ops...).Commit()
+	switch {
+	case err != nil:
+		return 0, false, err
+	case resp == nil || resp.Header == nil || len(resp.Responses) != len(ops):
+		return 0, false, errMalformed
+	}
+	for i, reply := range resp.Responses {
+		r := reply.GetResponseRange()
+		if r == nil {
+			return 0, false, errMalformed
+		}
+		for _, e := range queueOf(names[i]+"/", r.Kvs) {
+			if !e.Holds {
+				return resp.Header.Revision, true, nil
+			}
+		}
+	}
+	return resp.Header.Revision, false, nil
+}
+
+// awaitPut watches the hold's queues for puts after revision rev, and
+// returns nil at the first put of a queue's key or after a TTL, or an error
+// when the watch fails or ctx ends.
+func (h *keyHold) awaitPut(ctx context.Context, rev int64) error {
+	names := queueNames(h.t.kind, h.t.lock, h.t.Keys())
+	wctx, cancel := context.WithCancel(ctx)
+	responses := make(chan watched)
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Go(func() {
+			forward(wctx, h.t.s.client.Watch(wctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete()), responses)
+		})
+	}
+	defer wg.Wait()
+	defer cancel()
+	reread := time.NewTimer(h.t.term.ttl)
+	defer reread.Stop()
+	for {
+		select {
+		case <-reread.C:
+			return nil
+		case w := <-responses:
+			if !w.ok || w.wr.Err() != nil {
+				return errWatchEnded
+			}
+			for _, ev := range w.wr.Events {
+				if inQueues(names, ev.Kv.Key) {
+					return nil
+				}
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

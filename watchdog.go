@@ -1,0 +1,68 @@
+package etcdlock
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// The watchdog of Do and Lead (WithWatchdog): f reports progress; one that
+// stops reporting gives up the lock.
+
+// A watchdog watches one run of f.
+type watchdog struct {
+	period  time.Duration
+	last    atomic.Int64 // Unix ns of the last progress, or of f's start
+	stalled atomic.Bool  // f's context was cancelled for want of progress
+	closed  atomic.Bool  // and the Session closed, f not returning
+}
+
+type watchdogKey struct{}
+
+// Progress tells the watchdog of the Do or Lead scope that ctx derives from
+// (WithWatchdog) that f makes progress. Outside such a scope, or without a
+// watchdog, it does nothing; it never blocks and never talks to etcd.
+func Progress(ctx context.Context) {
+	if ctx == nil {
+		return
+	}
+	if d, ok := ctx.Value(watchdogKey{}).(*watchdog); ok {
+		d.last.Store(time.Now().UnixNano())
+	}
+}
+
+func newWatchdog(period time.Duration) *watchdog {
+	d := &watchdog{period: period}
+	d.last.Store(time.Now().UnixNano())
+	return d
+}
+
+// run watches f until stop is closed: after period without progress it
+// cancels f's context (cancel), and after another period it closes the
+// Session (end).
+func (d *watchdog) run(stop <-chan struct{}, cancel func(), end func()) {
+	timer := time.NewTimer(d.period)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-timer.C:
+		}
+		idle := time.Since(time.Unix(0, d.last.Load()))
+		if idle < d.period {
+			timer.Reset(d.period - idle)
+			continue
+		}
+		d.stalled.Store(true)
+		cancel()
+		break
+	}
+	timer.Reset(d.period)
+	select {
+	case <-stop:
+	case <-timer.C:
+		d.closed.Store(true)
+		end()
+	}
+}
