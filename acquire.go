@@ -45,6 +45,7 @@ type claim struct {
 // where the try or the wait ran out while others held or waited ahead (each
 // primitive says that its own way), else the error failure maps.
 func (s *Session) acquire(ctx context.Context, c claim) (*keyHold, error) {
+	c.t.capBy(ctx)
 	a := s.events.startAcquire(c.t.kind, c.t.lock, c.t.term.id)
 	opCtx, cancel := opContext(ctx, c.t.term)
 	defer cancel()

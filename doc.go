@@ -105,9 +105,10 @@
 //
 // Release breaks a stuck lock (etcdlock release on the command line): it
 // deletes a holder's key, fenced on its token, and the holder learns of it
-// through Done. WithMaxHold caps every hold of a Session; WithLockDelay
-// makes an acquisition wait after a crash of the holder before it; Waiting
-// (on a Hold or a Permit) says that someone waits behind the hold;
+// through Done. WithMaxHold caps every hold of a Session, CapHold one
+// call's; WithLockDelay makes an acquisition wait after a crash of the
+// holder before it; Waiting (on a Hold or a Permit) says that someone waits
+// behind the hold;
 // Session.Health and Session.HealthHandler serve probes; WithWatchdog and
 // Progress make Do and Lead give up an f that stopped making progress.
 //

@@ -46,7 +46,7 @@ type keyHold struct {
 // newHold begins a hold of t's key.
 func (t *ticket) newHold() *keyHold {
 	h := &keyHold{t: t, since: time.Now(), done: make(chan struct{})}
-	if t.s.maxHold > 0 {
+	if t.maxHold > 0 {
 		h.lost() // the monitor enforces the cap
 	}
 	return h
@@ -280,7 +280,7 @@ func (h *keyHold) watchLoss(ctx context.Context, from int64) (int64, LossReason)
 	defer timer.Stop()
 	reread := time.NewTicker(tm.ttl)
 	defer reread.Stop()
-	capped, stopCap := capTimer(h.since, s.maxHold)
+	capped, stopCap := capTimer(h.since, h.t.maxHold)
 	defer stopCap()
 	for {
 		select {

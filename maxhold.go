@@ -2,11 +2,43 @@ package etcdlock
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
-// A capped hold (WithMaxHold): the loss monitor (done.go) ends a hold that
-// lasts past its cap as if it were lost, then deletes its key.
+// A capped hold (WithMaxHold, CapHold): the loss monitor (done.go) ends a
+// hold that lasts past its cap as if it were lost, then deletes its key.
+
+// holdCapKey is the context key of CapHold's cap.
+type holdCapKey struct{}
+
+// CapHold returns a copy of ctx under which a lock call (LockContext,
+// TryLockFor, RLockContext, Acquire, Do, Lead: whatever acquires with it)
+// caps the hold it takes at d, as WithMaxHold caps every hold of a Session:
+// once d has passed since the acquisition, the hold's Done closes
+// (LossMaxHold), its key is deleted, fenced on its token, and the unlock
+// returns ErrLockLost. With a Session cap as well, the lesser applies. A
+// re-lock of a hold, which takes nothing new, keeps that hold's cap; so
+// does a local hand-off (WithLocalHandoff), which counts d from itself.
+// d <= 0, or a nil ctx, is an error wrapping ErrInvalidArgument, and ctx is
+// returned unchanged. As with WithMaxHold, a cap makes a lock safe only with
+// fencing.
+func CapHold(ctx context.Context, d time.Duration) (context.Context, error) {
+	switch {
+	case ctx == nil:
+		return ctx, fmt.Errorf("%w: CapHold: nil context", ErrInvalidArgument)
+	case d <= 0:
+		return ctx, fmt.Errorf("%w: CapHold: the cap must be positive, got %v", ErrInvalidArgument, d)
+	}
+	return context.WithValue(ctx, holdCapKey{}, d), nil
+}
+
+// capBy lowers t's cap to that of ctx (CapHold), if lower or t has none.
+func (t *ticket) capBy(ctx context.Context) {
+	if d, ok := ctx.Value(holdCapKey{}).(time.Duration); ok && (t.maxHold == 0 || d < t.maxHold) {
+		t.maxHold = d
+	}
+}
 
 // capTimer returns a channel that fires when a hold that began at since
 // reaches the cap d, and its stop; without a cap (d 0), a nil channel,

@@ -3,6 +3,8 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -190,4 +192,122 @@ func TestMaxHoldRacesUnlock(t *testing.T) {
 		return len(seen.events) == lost
 	})
 	t.Logf("unlock first %d times, cap first %d times", clean, lost)
+}
+
+// TestCapHold: a cap given with one call's context caps that call's hold
+// alone, for each kind of acquisition; with a Session cap too, the lesser
+// applies. Judged in etcd: the capped key is deleted after the cap, the
+// others stay.
+func TestCapHold(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	const short = time.Second
+	capped, err := etcdlock.CapHold(ctx, short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := lockName(t)
+
+	// cappedAt checks that done closes no earlier than the cap after start
+	// and that etcd deleted key by then.
+	cappedAt := func(what string, start time.Time, done <-chan struct{}, key string) {
+		t.Helper()
+		if _, ok := closedWithin(done, short+doneBound); !ok {
+			t.Fatalf("%s: Done still open %v after the hold began, with a cap of %v", what, short+doneBound, short)
+		}
+		if took := time.Since(start); took < short {
+			t.Fatalf("%s: Done closed %v after the hold began, before its cap of %v", what, took, short)
+		}
+		eventually(t, what+": the capped key's delete", func() bool { return !slices.Contains(lockKeys(t, client, name+"/"+what), key) })
+	}
+
+	s := newSession(t, client)
+	free := etcdlock.NewMutex(s, name+"/free")
+	if err := free.LockContext(ctx); err != nil { // no cap
+		t.Fatal(err)
+	}
+	m := etcdlock.NewMutex(s, name+"/mutex")
+	start := time.Now()
+	if err := m.LockContext(capped); err != nil {
+		t.Fatal(err)
+	}
+	cappedAt("mutex", start, m.Done(), m.Key())
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("unlock of the capped hold: got %v, want ErrLockLost", err)
+	}
+
+	sem := etcdlock.NewSemaphore(s, name+"/sem", 2)
+	start = time.Now()
+	p, err := sem.Acquire(capped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cappedAt("sem", start, p.Done(), p.Key())
+	if err := p.Release(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("release of the capped permit: got %v, want ErrLockLost", err)
+	}
+
+	start = time.Now()
+	err = etcdlock.NewMutex(s, name+"/do").Do(capped, func(fctx context.Context) error {
+		h, _ := etcdlock.HoldFrom(fctx)
+		cappedAt("do", start, h.Done(), h.Key)
+		<-fctx.Done()
+		return nil
+	})
+	if !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("Do under a cap reached: got %v, want ErrLockLost", err)
+	}
+
+	// A Session cap above the call's: the call's applies.
+	long := newSession(t, client, etcdlock.WithMaxHold(time.Hour))
+	lm := etcdlock.NewMutex(long, name+"/lesser")
+	start = time.Now()
+	if err := lm.LockContext(capped); err != nil {
+		t.Fatal(err)
+	}
+	cappedAt("lesser", start, lm.Done(), lm.Key())
+	_ = lm.UnlockContext(ctx)
+
+	// The uncapped hold of the same Session outlived them all.
+	if isClosed(free.Done()) || !slices.Contains(lockKeys(t, client, name+"/free"), free.Key()) {
+		t.Fatal("the hold taken without a cap ended with the capped ones")
+	}
+	if err := free.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, d := range []time.Duration{0, -time.Second} {
+		if got, err := etcdlock.CapHold(ctx, d); !errors.Is(err, etcdlock.ErrInvalidArgument) || got != ctx {
+			t.Errorf("CapHold(ctx, %v): got %v, want ErrInvalidArgument and ctx unchanged", d, err)
+		}
+	}
+	//lint:ignore SA1012 a nil context is the bad input under test
+	if _, err := etcdlock.CapHold(nil, time.Second); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("CapHold(nil, 1s): got %v, want ErrInvalidArgument", err)
+	}
+}
+
+// A hold of one call whose context has a cap.
+func ExampleCapHold() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	s, err := etcdlock.NewSession(client)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	ctx := context.Background()
+	capped, err := etcdlock.CapHold(ctx, 2*time.Second) // this hold ends after 2 s, whatever its holder does
+	if err != nil {
+		log.Fatal(err)
+	}
+	m := etcdlock.NewMutex(s, "reports/weekly")
+	if err := m.LockContext(capped); err != nil {
+		log.Fatal(err)
+	}
+	<-m.Done() // a holder that hangs past the cap is no longer alone: fence its writes
+	fmt.Println("unlock:", errors.Is(m.UnlockContext(ctx), etcdlock.ErrLockLost))
+	// Output: unlock: true
 }

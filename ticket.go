@@ -34,6 +34,10 @@ type ticket struct {
 	// turn, if not nil, is the turn of this process that our key is (a
 	// Mutex's, a MultiMutex's), which waits for the key's delete.
 	turn turnKeeper
+	// maxHold caps the holds of our key (maxhold.go): the Session's
+	// WithMaxHold, or a lesser CapHold of the acquisition's context; 0, no
+	// cap. Set before the acquisition starts.
+	maxHold time.Duration
 }
 
 // A turnKeeper is a turn of this process that waits for the delete of a
@@ -46,7 +50,7 @@ type turnKeeper interface {
 // newTicket returns a ticket for key, put with the lease of tm, with value,
 // in the queue of the lock name, of kind kind (KindMutex...), under rule r.
 func (s *Session) newTicket(tm *leaseTerm, name string, kind Kind, r *queue.Rule, key, value string) *ticket {
-	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value), s: s, term: tm, lock: name, kind: kind}
+	return &ticket{Ticket: queue.NewTicket(tm.conn, r, key, value), s: s, term: tm, lock: name, kind: kind, maxHold: s.maxHold}
 }
 
 // newGroupTicket returns one ticket for the Mutex keys of names (sorted),
@@ -57,7 +61,7 @@ func (s *Session) newGroupTicket(tm *leaseTerm, names []string, rules []*queue.R
 	for i, name := range names {
 		slots[i] = queue.Slot{Rule: rules[i], Key: mutexKey(name, tm.id), Value: s.identity}
 	}
-	return &ticket{Ticket: queue.NewGroup(tm.conn, slots...), s: s, term: tm, lock: strings.Join(names, ","), kind: KindMulti}
+	return &ticket{Ticket: queue.NewGroup(tm.conn, slots...), s: s, term: tm, lock: strings.Join(names, ","), kind: KindMulti, maxHold: s.maxHold}
 }
 
 // abort removes our key after a failed acquisition, if it may be in etcd, on
