@@ -73,12 +73,12 @@ func grant(ctx context.Context, client *clientv3.Client, ttl time.Duration, adop
 func newTerm(client *clientv3.Client, ctx context.Context, id clientv3.LeaseID, secs int64, renewed time.Time) *leaseTerm {
 	tm := &leaseTerm{client: client, id: id, ttl: time.Duration(secs) * time.Second, next: make(chan struct{})}
 	tm.life, tm.end = context.WithCancel(ctx)
-	tm.conn = &queue.Conn{KV: client, Watcher: client, Lease: tm, TTL: tm.ttl, Fence: fenceKey(id)}
+	tm.conn = &queue.Conn{KV: client, Watcher: client, Lease: tm, TTL: tm.ttl, FenceKey: fenceKey(id)}
 	tm.renewed.Store(renewed.UnixNano())
 	return tm
 }
 
-// fencePrefix begins the key of each lease's fence (queue.Conn.Fence). It
+// fencePrefix begins the key of each lease's fence (queue.Conn.FenceKey). It
 // has no "/": no lock's prefix holds it, so no lock, ours, etcd's
 // concurrency.Mutex or etcdctl lock, counts it as a holder.
 const fencePrefix = "etcdlock.fence."

@@ -98,7 +98,7 @@ func FuzzPlaced(f *testing.F) {
 		if err := proto.Unmarshal(data, &resp); err != nil {
 			return
 		}
-		tk := NewTicket(&Conn{Fence: "fence"}, r, key, "")
+		tk := NewTicket(&Conn{FenceKey: "fence"}, r, key, "")
 		ps, moved, err := tk.placed((*clientv3.TxnResponse)(&resp), 0)
 		if err != nil || moved {
 			return

@@ -83,7 +83,7 @@ func (t *Ticket) Delete(ctx context.Context) (bool, error) {
 // create revision; else absent.
 func (t *Ticket) fence(ctx context.Context) (bool, error) {
 	ops := make([]clientv3.Op, 0, 1+len(t.group))
-	ops = append(ops, clientv3.OpPut(t.c.Fence, "", clientv3.WithLease(t.c.Lease.ID())))
+	ops = append(ops, clientv3.OpPut(t.c.FenceKey, "", clientv3.WithLease(t.c.Lease.ID())))
 	for _, m := range t.group {
 		ops = append(ops, clientv3.OpGet(m.key, clientv3.WithKeysOnly()))
 	}

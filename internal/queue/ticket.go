@@ -75,13 +75,13 @@ type Conn struct {
 	// TTL is how often a wait reads its place, whatever its watches say:
 	// a lost event costs at most that.
 	TTL time.Duration
-	// Fence is the key that fences the late puts of the lease's tickets:
+	// FenceKey is the key that fences the late puts of the lease's tickets:
 	// one key per lease, put with it, which no lock counts (its name has
 	// no "/", so it lies under no lock's prefix). Every Txn that may put a
 	// key of a ticket requires the fence unchanged since the ticket last
 	// read it; the delete of an unsure put writes it first, so that a put
 	// applied after that delete fails, whichever ticket sent it.
-	Fence string
+	FenceKey string
 
 	fenceRev atomic.Int64 // the fence's mod revision, as last seen; 0 while it is absent
 }
@@ -102,11 +102,11 @@ func (c *Conn) fenceSeen(rev int64) {
 // unfenced returns the compare every Txn that may put a key carries: the
 // fence is as last seen (rev), so no delete of an unsure put has run since.
 func (c *Conn) unfenced(rev int64) clientv3.Cmp {
-	return clientv3.Compare(clientv3.ModRevision(c.Fence), "=", rev)
+	return clientv3.Compare(clientv3.ModRevision(c.FenceKey), "=", rev)
 }
 
 // readFence is the Op that reads the fence, after a Txn's compare failed.
-func (c *Conn) readFence() clientv3.Op { return clientv3.OpGet(c.Fence, clientv3.WithKeysOnly()) }
+func (c *Conn) readFence() clientv3.Op { return clientv3.OpGet(c.FenceKey, clientv3.WithKeysOnly()) }
 
 // fenceMoved reads the reply of readFence: whether the fence is no longer
 // at rev, which a failed compare was made with; it records what it read.
