@@ -19,7 +19,9 @@ type holdCapKey struct{}
 // (LossMaxHold), its key is deleted, fenced on its token, and the unlock
 // returns ErrLockLost. With a Session cap as well, the lesser applies. A
 // re-lock of a hold, which takes nothing new, keeps that hold's cap; so
-// does a local hand-off (WithLocalHandoff), which counts d from itself.
+// does a hold handed on within the process (WithLocalHandoff): the cap is
+// the key's, from the acquisition that put it, counted from each hand-off,
+// and a CapHold of the goroutine it is handed to does not change it.
 // d <= 0, or a nil ctx, is an error wrapping ErrInvalidArgument, and ctx is
 // returned unchanged. As with WithMaxHold, a cap makes a lock safe only with
 // fencing.
@@ -62,6 +64,8 @@ func dropCapped(ctx context.Context, t *ticket) {
 	_, err := t.Delete(dctx)
 	cancel()
 	if err != nil && ctx.Err() == nil {
-		t.releaseLater(err, nil)
+		// The holder keeps its turn until its unlock: a try of another
+		// goroutine meanwhile is busy, not "cleaning".
+		t.deleteLater(nil)
 	}
 }

@@ -98,6 +98,12 @@ func (t *ticket) releaseLater(err error, then func()) {
 	if t.turn != nil {
 		t.turn.retrying(err)
 	}
+	t.deleteLater(then)
+}
+
+// deleteLater is releaseLater without telling the turn: for a delete while
+// the holder still has the turn (a capped hold's), whose unlock ends it.
+func (t *ticket) deleteLater(then func()) {
 	t.s.retries.add(t.s, retry{term: t.term, del: func(ctx context.Context) error {
 		_, err := t.Delete(ctx)
 		return err

@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,14 +25,20 @@ const (
 // errWatchEnded: a watch of the queue failed or was closed.
 var errWatchEnded = errors.New("etcdlock: watch of the queue ended")
 
+// errHoldGone: a read of the queue found a key of the hold gone (released,
+// capped, expired): nobody waits behind it any more.
+var errHoldGone = errors.New("etcdlock: the hold's key is gone")
+
 // Waiting returns a channel closed once another acquisition (of any kind,
 // from any process or goroutine of another Session) waits in the lock's queue
 // behind this hold: for a MultiMutex's hold, in the queue of any of its
 // names. A holder may then finish early, or yield. It does not close when
-// the hold ends or is lost (select on Done too), nor for acquisitions of
-// goroutines of this Session, which wait in this process without a key. It
-// says that one waited, not that one still waits: a waiter may give up. The
-// zero Hold's channel is nil: it never closes.
+// the hold ends or is lost (select on Done too), nor once its key is gone,
+// nor for acquisitions of this Session (a Mutex's other goroutines wait in
+// this process without a key; an RWMutex's or a Semaphore's keys of this
+// Session are not counted). It says that one waited, not that one still
+// waits: a waiter may give up. The zero Hold's channel is nil: it never
+// closes.
 //
 // The first call starts a watch of the queue, from one read of it; no
 // polling: the queue is read again only after a put into it, or once per
@@ -84,6 +91,8 @@ func (h *keyHold) watchWaiters(ctx context.Context) {
 		case waits:
 			close(h.waiting)
 			return
+		case errors.Is(err, errHoldGone):
+			return
 		case err == nil:
 			err = h.awaitPut(ctx, rev)
 		}
@@ -97,7 +106,8 @@ func (h *keyHold) watchWaiters(ctx context.Context) {
 }
 
 // readWaiters reads the hold's queues, in one Txn, and reports whether one
-// of them has a key that does not hold, and the revision of the read.
+// of them has a key of another Session that does not hold, and the revision
+// of the read; errHoldGone if a key of the hold is not there, at its token.
 func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, waitingReadTimeout)
 	defer cancel()
@@ -113,18 +123,28 @@ func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 	case resp == nil || resp.Header == nil || len(resp.Responses) != len(ops):
 		return 0, false, errMalformed
 	}
+	ours, token := h.t.Keys(), h.token()
+	found, waits := 0, false
 	for i, reply := range resp.Responses {
 		r := reply.GetResponseRange()
 		if r == nil {
 			return 0, false, errMalformed
 		}
 		for _, e := range queueOf(names[i]+"/", r.Kvs) {
-			if !e.Holds {
-				return resp.Header.Revision, true, nil
+			switch {
+			case slices.Contains(ours, e.Key):
+				if e.Token == token {
+					found++
+				}
+			case !e.Holds && e.Lease != h.t.term.id:
+				waits = true
 			}
 		}
 	}
-	return resp.Header.Revision, false, nil
+	if found < len(ours) {
+		return 0, false, errHoldGone
+	}
+	return resp.Header.Revision, waits, nil
 }
 
 // awaitPut watches the hold's queues for puts after revision rev, and

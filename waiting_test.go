@@ -163,3 +163,69 @@ func TestWaitingNoPolling(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaitingAfterLoss: once the hold's key is gone (here released by an
+// operator), a waiter behind the next holder is not one behind this hold:
+// Waiting stays open. And an RWMutex's writer of the same Session, which has
+// a key of its own, does not count as waiting behind its reader; another
+// Session's writer does.
+func TestWaitingAfterLoss(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+
+	a := etcdlock.NewMutex(newSession(t, client), name)
+	if err := a.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := a.Held()
+	waiting := h.Waiting()
+	if err := etcdlock.Release(ctx, client, name, entryOf(t, client, name, h.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	b := etcdlock.NewMutex(newSession(t, client), name)
+	if err := b.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := lockInGoroutine(t, ctx, famLocker{openMutex(newSession(t, client), name)})
+	eventually(t, "a waiter behind the next holder", func() bool { return queueWaiters(t, ctx, client, name) == 1 })
+	if _, ok := closedWithin(waiting, time.Second); ok {
+		t.Fatal("Waiting of a released hold closed for a waiter behind the next holder")
+	}
+	if err := b.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitErr(t, c.locked); err != nil {
+		t.Fatal(err)
+	}
+
+	s := newSession(t, client)
+	rw := etcdlock.NewRWMutex(s, name+"/rw")
+	if err := rw.RLockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hr, _ := rw.Held()
+	rwaiting := hr.Waiting()
+	sameSession := lockInGoroutine(t, ctx, famLocker{openWriter(s, name+"/rw")})
+	eventually(t, "the same Session's writer queued", func() bool { return queueWaiters(t, ctx, client, name+"/rw") == 1 })
+	if _, ok := closedWithin(rwaiting, time.Second); ok {
+		t.Fatal("a reader's Waiting closed for a writer of its own Session")
+	}
+	other := lockInGoroutine(t, ctx, famLocker{openWriter(newSession(t, client), name+"/rw")})
+	eventually(t, "another Session's writer queued", func() bool { return queueWaiters(t, ctx, client, name+"/rw") == 2 })
+	if _, ok := closedWithin(rwaiting, doneBound); !ok {
+		t.Fatal("a reader's Waiting still open with another Session's writer queued behind it")
+	}
+	if err := rw.RUnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []*worker{sameSession, other} { // the writers, in turn
+		if err := waitErr(t, w.locked); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

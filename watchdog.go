@@ -49,6 +49,9 @@ func (d *watchdog) run(stop <-chan struct{}, cancel func(), end func()) {
 			return
 		case <-timer.C:
 		}
+		if closed(stop) { // f returned as the period ran out: it was in time
+			return
+		}
 		idle := time.Since(time.Unix(0, d.last.Load()))
 		if idle < d.period {
 			timer.Reset(d.period - idle)
@@ -62,7 +65,20 @@ func (d *watchdog) run(stop <-chan struct{}, cancel func(), end func()) {
 	select {
 	case <-stop:
 	case <-timer.C:
+		if closed(stop) {
+			return
+		}
 		d.closed.Store(true)
 		end()
+	}
+}
+
+// closed reports whether ch is closed, without waiting.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

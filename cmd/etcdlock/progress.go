@@ -35,8 +35,14 @@ func watchProgress(period time.Duration) (*progressWatch, error) {
 // file of this machine, not etcd) until it is stale or close is called.
 func (w *progressWatch) watch(period time.Duration) {
 	defer close(w.done)
+	// A touch is a change of the file's modification time, timed by this
+	// clock when it is seen: the file system's clock may differ.
 	last := time.Now()
-	tick := time.NewTicker(min(period/4, time.Second))
+	var seen time.Time
+	if fi, err := os.Stat(w.path); err == nil {
+		seen = fi.ModTime()
+	}
+	tick := time.NewTicker(max(min(period/4, time.Second), time.Millisecond))
 	defer tick.Stop()
 	for {
 		select {
@@ -44,8 +50,8 @@ func (w *progressWatch) watch(period time.Duration) {
 			return
 		case <-tick.C:
 		}
-		if fi, err := os.Stat(w.path); err == nil && fi.ModTime().After(last) {
-			last = fi.ModTime()
+		if fi, err := os.Stat(w.path); err == nil && !fi.ModTime().Equal(seen) {
+			seen, last = fi.ModTime(), time.Now()
 		}
 		if time.Since(last) >= period {
 			close(w.stalled)

@@ -222,7 +222,7 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N")
 	c.Var(&o.locks, "lock", "a lock `NAME` to hold, instead of NAME; given several times, the run holds all those locks at once (not with --shared or --limit)")
 	c.durationVar(&o.maxHold, "max-hold", 0, "1h or 90m", "stop COMMAND as a lost lock (exit 74) once the lock was held this `long`, and delete its key; 0: no cap. Safe only where the resource checks ETCDLOCK_TOKEN")
-	c.durationVar(&o.delay, "lock-delay", 0, "5s or 30s", "once the lock is ours, wait this `long` before COMMAND starts if the holder before us crashed (its lease expired or was revoked) rather than unlocked; 0: no delay")
+	c.durationVar(&o.delay, "lock-delay", 0, "5s or 30s", "once the lock is ours, wait this `long` before COMMAND starts if the holder before us may have crashed (its lease expired or was revoked); a holder that unlocked and then ended its lease at once, as a finished run does, counts as one; 0: no delay")
 	c.durationVar(&o.watchdog, "watchdog", 0, "30s or 5m", "give up the lock as if lost (exit 74) when COMMAND has not touched the file $ETCDLOCK_PROGRESS for this `long`; 0: no watchdog")
 	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
 	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
