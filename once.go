@@ -147,7 +147,11 @@ func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Du
 		return OnceRan, o.err
 	}
 	// The record's Txn, guarded by the hold, succeeded: the hold lasted
-	// from the lock to the record, whatever Done said meanwhile.
+	// from the lock to the record, whatever Done said meanwhile, and a loss
+	// after it is no news to the caller.
+	if errors.Is(o.release, ErrLockLost) {
+		return OnceRan, nil
+	}
 	return OnceRan, o.release
 }
 
