@@ -25,8 +25,10 @@ import (
 // etcd (a key per run), and the slot's record, its lease and its TTL are
 // read with a client.
 
-// onceRetention is the retention of the tests that do not wait for it.
-const onceRetention = time.Minute
+// onceRetention is the retention of the tests that do not wait for it: a
+// TTL that no Session of theirs has, so that a record's lease can be told
+// from a Session's.
+const onceRetention = 2 * time.Minute
 
 // countRun is an f that puts one key per run under the lock's runs prefix,
 // so that etcd counts the runs of each slot.
@@ -195,6 +197,7 @@ func TestOnceNotDone(t *testing.T) {
 			s := newSession(t, client)
 			m := etcdlock.NewMutex(s, name)
 			const slot = "slot"
+			leases := recordLeases(t, client)
 			got, err := m.DoOnce(testContext(t), slot, onceRetention, func(ctx context.Context) error {
 				if err := countRun(client, name, slot, "crash")(ctx); err != nil {
 					return err
@@ -206,6 +209,9 @@ func TestOnceNotDone(t *testing.T) {
 			}
 			if recordOf(t, client, name, slot) != nil {
 				t.Fatal("a record in etcd, want none")
+			}
+			if n := recordLeases(t, client); !sharedEtcd() && n != leases {
+				t.Fatalf("record leases in etcd: got %d, want %d (none left behind)", n, leases)
 			}
 			m = etcdlock.NewMutex(newSession(t, client), name)
 			if got, err := m.DoOnce(testContext(t), slot, onceRetention, countRun(client, name, slot, "again")); got != etcdlock.OnceRan || err != nil {
@@ -319,7 +325,6 @@ func (f *recordFault) intercept(ctx context.Context, method string, req, reply a
 // etcd holds the record.
 func TestOnceRecordFaults(t *testing.T) {
 	testflags.Parallel(t)
-	srv, client := startServer(t)
 	lost := status.Error(codes.Unavailable, "test: reply lost")
 	for _, c := range []struct {
 		name     string
@@ -333,6 +338,7 @@ func TestOnceRecordFaults(t *testing.T) {
 		{"dropped, hold lost", false, true, etcdlock.ErrLockLost},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			srv, client := startServer(t)
 			name := lockName(t)
 			var holdKey atomic.Value // string
 			fault := &recordFault{act: func(invoke func() error) error {
@@ -365,12 +371,10 @@ func TestOnceRecordFaults(t *testing.T) {
 			if (rec != nil) != (c.want == nil) {
 				t.Fatalf("the record in etcd: got %v, want one: %v", rec, c.want == nil)
 			}
-			if rec == nil {
-				leases, err := client.Leases(testContext(t))
-				if err != nil {
-					t.Fatalf("Leases: %v", err)
+			if rec == nil && !sharedEtcd() {
+				if n := recordLeases(t, client); n != 0 {
+					t.Fatalf("record leases in etcd with no record: got %d, want 0 (revoked)", n)
 				}
-				t.Logf("leases left: %d", len(leases.Leases))
 			}
 			again, err := etcdlock.NewMutex(newSession(t, client), name).DoOnce(testContext(t), slot, onceRetention, countRun(client, name, slot, "b"))
 			if want := map[bool]etcdlock.Once{true: etcdlock.OnceDone, false: etcdlock.OnceRan}[rec != nil]; again != want || err != nil {
@@ -381,4 +385,22 @@ func TestOnceRecordFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recordLeases returns how many leases of onceRetention etcd holds.
+func recordLeases(t *testing.T, client *clientv3.Client) int {
+	t.Helper()
+	leases, err := client.Leases(testContext(t))
+	if err != nil {
+		t.Fatalf("Leases: %v", err)
+	}
+	n := 0
+	for _, l := range leases.Leases {
+		ttl, err := client.TimeToLive(testContext(t), l.ID)
+		if err != nil {
+			t.Fatalf("TimeToLive %x: %v", l.ID, err)
+		}
+		n += btoi(ttl.GrantedTTL == int64(onceRetention/time.Second))
+	}
+	return n
 }
