@@ -10,11 +10,6 @@ import (
 	"github.com/etcdlock/etcdlock/internal/once"
 )
 
-// exitDone is run's status when --once-per's slot was done: COMMAND did
-// not run. sysexits(3) has no "nothing to do"; 76 (EX_PROTOCOL) is one
-// that etcdlock uses for nothing else, next to 74 and 75.
-const exitDone = 76
-
 // slotTimeout bounds each read and the record of --once-per's slot.
 const slotTimeout = 5 * time.Second
 

@@ -72,6 +72,13 @@ SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to
 COMMAND's process group while it runs; while waiting, they make etcdlock
 give up, leave no key behind, and exit 128+N.
 
+With --once-per SLOT, COMMAND runs at most once for SLOT across every run
+of NAME: a run that finds the slot recorded done, before the lock or once it
+holds it, exits 76 without running COMMAND; when COMMAND exits 0 with the
+lock held throughout, the slot is recorded done in etcd for --retention. No
+clock is read: name the slot from the schedule (date -u +%F for a nightly
+run).
+
 For scripts written for flock(1): --wait 0 is flock's -n, --wait 30s its
 -w 30, --conflict-exit-code its -E, --quiet (-q) its -q. A busy lock's
 message names its holder, unless --quiet.
