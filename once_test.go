@@ -11,6 +11,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -299,30 +300,48 @@ func TestOnceInvalid(t *testing.T) {
 	}
 }
 
-// recordFault acts on the Txns that put a record: it hands each to act,
-// which decides whether and how to call etcd.
+// recordFault acts on the first call that match picks (by default, the
+// Txn that puts a record): it hands it to act, which decides whether and
+// how to call etcd; late sends a Txn so picked again, after the caller was
+// answered, on a context of its own.
 type recordFault struct {
+	match func(method string, req any) bool
 	act   func(invoke func() error) error
 	fired atomic.Int32
+	late  atomic.Value // func() (*pb.TxnResponse, error)
+}
+
+// recordPut reports whether a call is the Txn that puts a record.
+func recordPut(method string, req any) bool {
+	txn, ok := req.(*pb.TxnRequest)
+	return method == txnMethod && ok && len(txn.Success) == 1 && txn.Success[0].GetRequestPut() != nil &&
+		strings.Contains(string(txn.Success[0].GetRequestPut().Key), once.Prefix)
 }
 
 func (f *recordFault) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	invoke := func() error { return invoker(ctx, method, req, reply, cc, opts...) }
-	txn, ok := req.(*pb.TxnRequest)
-	if method != txnMethod || !ok || len(txn.Success) != 1 || txn.Success[0].GetRequestPut() == nil ||
-		!strings.Contains(string(txn.Success[0].GetRequestPut().Key), once.Prefix) {
+	match := f.match
+	if match == nil {
+		match = recordPut
+	}
+	if !match(method, req) {
 		return invoke()
 	}
 	if f.fired.Add(1) > 1 {
 		return invoke()
 	}
+	f.late.Store(func() (*pb.TxnResponse, error) {
+		resp := new(pb.TxnResponse)
+		return resp, invoker(context.WithoutCancel(ctx), method, req, resp, cc, opts...)
+	})
 	return f.act(invoke)
 }
 
-// The record's put, faulted once: its reply lost after etcd applied it, or
-// its request dropped, with the hold kept or lost before the put is sent
-// again. f never runs twice, and DoOnce says "ran" with no error only where
-// etcd holds the record.
+// The record's put, faulted once: its reply lost after etcd applied it, its
+// request dropped, or held up and applied once DoOnce returned, with the
+// hold kept or lost before the put is sent again. f never runs twice, DoOnce
+// says "ran" with no error only where etcd holds the record, and a put
+// applied late changes nothing: the hold it is guarded by has ended.
 func TestOnceRecordFaults(t *testing.T) {
 	testflags.Parallel(t)
 	lost := status.Error(codes.Unavailable, "test: reply lost")
@@ -336,6 +355,8 @@ func TestOnceRecordFaults(t *testing.T) {
 		{"reply lost, hold lost", true, true, nil},
 		{"dropped", false, false, nil},
 		{"dropped, hold lost", false, true, etcdlock.ErrLockLost},
+		{"late", false, false, nil},
+		{"late, hold lost", false, true, etcdlock.ErrLockLost},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv, client := startServer(t)
@@ -368,6 +389,15 @@ func TestOnceRecordFaults(t *testing.T) {
 				t.Fatalf("DoOnce: got %v, %v, want ran, %v", got, err, c.want)
 			}
 			rec := recordOf(t, client, name, slot)
+			if strings.HasPrefix(c.name, "late") {
+				resp, err := fault.late.Load().(func() (*pb.TxnResponse, error))()
+				if err != nil || resp.Succeeded {
+					t.Fatalf("the late put: got %v, %v, want it refused by its guard", resp, err)
+				}
+				if late := recordOf(t, client, name, slot); (late == nil) != (rec == nil) || rec != nil && late.Kvs[0].ModRevision != rec.Kvs[0].ModRevision {
+					t.Fatalf("the record after the late put: got %v, want %v", late, rec)
+				}
+			}
 			if (rec != nil) != (c.want == nil) {
 				t.Fatalf("the record in etcd: got %v, want one: %v", rec, c.want == nil)
 			}
@@ -403,4 +433,53 @@ func recordLeases(t *testing.T, client *clientv3.Client) int {
 		n += btoi(ttl.GrantedTTL == int64(onceRetention/time.Second))
 	}
 	return n
+}
+
+// The other calls of DoOnce, faulted once: a read of the record refused
+// (its role lacks etcdlock.done.) runs nothing and returns etcd's error; a
+// grant whose reply is lost is sent again by clientv3, the record is made,
+// and the lease of the lost reply is left to expire with the retention.
+func TestOnceOtherFaults(t *testing.T) {
+	testflags.Parallel(t)
+	for _, c := range []struct {
+		name   string
+		match  func(method string, req any) bool
+		act    func(invoke func() error) error
+		want   etcdlock.Once
+		err    error
+		runs   int64 // of f, in etcd
+		leases int   // record leases in etcd
+	}{
+		{"read refused", func(method string, req any) bool {
+			r, ok := req.(*pb.RangeRequest)
+			return ok && strings.Contains(string(r.Key), once.Prefix)
+		}, func(func() error) error { return rpctypes.ErrGRPCPermissionDenied }, 0, rpctypes.ErrPermissionDenied, 0, 0},
+		{"grant reply lost", func(method string, _ any) bool { return method == "/etcdserverpb.Lease/LeaseGrant" }, func(invoke func() error) error {
+			if err := invoke(); err != nil {
+				return err
+			}
+			return status.Error(codes.DeadlineExceeded, "test: reply lost")
+		}, etcdlock.OnceRan, nil, 1, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, client := startServer(t)
+			name := lockName(t)
+			fault := &recordFault{match: c.match, act: c.act}
+			s := newSession(t, serverClient(t, srv, fault.intercept, nil))
+			fault.fired.Store(0) // the Session's own grant is not under test
+			got, err := etcdlock.NewMutex(s, name).DoOnce(testContext(t), "slot", onceRetention, countRun(client, name, "slot", "a"))
+			if fault.fired.Load() < 1 {
+				t.Fatal("the fault never fired")
+			}
+			if got != c.want || !errors.Is(err, c.err) || c.err == nil && err != nil {
+				t.Fatalf("DoOnce: got %v, %v, want %v, %v", got, err, c.want, c.err)
+			}
+			if runs := runsOf(t, client, name, "slot"); runs != c.runs || (recordOf(t, client, name, "slot") != nil) != (c.runs == 1) {
+				t.Fatalf("after DoOnce: %d runs in etcd and a record %v, want %d and a record: %v", runs, recordOf(t, client, name, "slot"), c.runs, c.runs == 1)
+			}
+			if n := recordLeases(t, client); !sharedEtcd() && n != c.leases {
+				t.Fatalf("record leases in etcd: got %d, want %d", n, c.leases)
+			}
+		})
+	}
 }
