@@ -9,16 +9,16 @@ import (
 	"github.com/etcdlock/etcdlock/internal/once"
 )
 
-// A Once says how a DoOnce or TryDoOnce call went. The zero Once, with an
-// error, says that f did not run.
-type Once int
+// A OnceResult says how a DoOnce or TryDoOnce call went. The zero
+// OnceResult, with an error, says that f did not run.
+type OnceResult int
 
 const (
 	// OnceRan: f ran. With a nil error, f returned nil and the slot is
 	// recorded done. With f's error or ErrLockLost, nothing is recorded:
 	// a later call runs f again. With another error (etcd's, once f
 	// returned nil), the record may or may not be in etcd.
-	OnceRan Once = iota + 1
+	OnceRan OnceResult = iota + 1
 	// OnceDone: f did not run, the slot being recorded done, read before
 	// the lock was taken or once it was held.
 	OnceDone
@@ -28,8 +28,8 @@ const (
 )
 
 // String returns "ran", "skipped: done", "skipped: busy", or "did not run"
-// for the zero Once.
-func (o Once) String() string {
+// for the zero OnceResult.
+func (o OnceResult) String() string {
 	switch o {
 	case OnceRan:
 		return "ran"
@@ -74,7 +74,7 @@ const recordTimeout = 5 * time.Second
 // f before this f has returned; f's writes can refuse such a run with the
 // hold's fence (HoldFrom). The record's key, etcdlock.done.NAME@SLOT
 // ("%", "/" and "@" written %XX), is counted by no lock's queue.
-func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (Once, error) {
+func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, waitForever, f)
 }
 
@@ -83,13 +83,13 @@ func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration
 // lock was held or waited for by another for the whole wait. For crontab
 // runs, where a run that finds the slot's run under way should skip it
 // rather than queue behind it.
-func (m *Mutex) TryDoOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (Once, error) {
+func (m *Mutex) TryDoOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, max(wait, tryOnly), f)
 }
 
 // doOnce is DoOnce and TryDoOnce, waiting for the lock as acquire's wait
 // says.
-func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (Once, error) {
+func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	if err := m.check(ctx); err != nil {
 		return 0, err
 	}
@@ -107,8 +107,8 @@ func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Du
 		return doneOr(err)
 	}
 	var (
-		result  Once  // how the call went, once the lock was held
-		lockErr error // an error of the lock's, not f's: f did not run
+		result  OnceResult // how the call went, once the lock was held
+		lockErr error      // an error of the lock's, not f's: f did not run
 	)
 	o := m.do(ctx, wait, func(fctx context.Context) error {
 		// A run may have ended while we waited: the read, after the lock
@@ -156,7 +156,7 @@ func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Du
 }
 
 // doneOr returns OnceDone if err is nil, else err, f not run.
-func doneOr(err error) (Once, error) {
+func doneOr(err error) (OnceResult, error) {
 	if err != nil {
 		return 0, err
 	}

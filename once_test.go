@@ -81,7 +81,7 @@ func TestOnceTwoNodes(t *testing.T) {
 	}
 	for round := range 6 {
 		slot := fmt.Sprintf("2026-11-26T%02d:00", round)
-		results := make([]etcdlock.Once, len(nodes))
+		results := make([]etcdlock.OnceResult, len(nodes))
 		var wg sync.WaitGroup
 		for i, n := range nodes {
 			run := func() {
@@ -407,7 +407,7 @@ func TestOnceRecordFaults(t *testing.T) {
 				}
 			}
 			again, err := etcdlock.NewMutex(newSession(t, client), name).DoOnce(testContext(t), slot, onceRetention, countRun(client, name, slot, "b"))
-			if want := map[bool]etcdlock.Once{true: etcdlock.OnceDone, false: etcdlock.OnceRan}[rec != nil]; again != want || err != nil {
+			if want := map[bool]etcdlock.OnceResult{true: etcdlock.OnceDone, false: etcdlock.OnceRan}[rec != nil]; again != want || err != nil {
 				t.Fatalf("DoOnce again: got %v, %v, want %v, nil", again, err, want)
 			}
 			if want := map[bool]int64{true: 1, false: 2}[rec != nil]; runsOf(t, client, name, slot) != want {
@@ -445,7 +445,7 @@ func TestOnceOtherFaults(t *testing.T) {
 		name   string
 		match  func(method string, req any) bool
 		act    func(invoke func() error) error
-		want   etcdlock.Once
+		want   etcdlock.OnceResult
 		err    error
 		runs   int64 // of f, in etcd
 		leases int   // record leases in etcd
