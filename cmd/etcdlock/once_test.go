@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -108,6 +109,32 @@ func TestRunOncePer(t *testing.T) {
 		}
 		if _, err := os.Stat(ran); err == nil {
 			t.Fatal("COMMAND ran on a slot done while run waited")
+		}
+	})
+
+	t.Run("crash", func(t *testing.T) {
+		name := lockName(t)
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		p := startCLI(t, nil, "run", "--endpoints", ep, "--ttl", "2s", "--once-per", "s1", "--retention", "1m", name, "--", "sh", "-c", `echo $$ >"$0"; exec sleep 60`, pidFile)
+		pid := readPID(t, pidFile)
+		// etcdlock dies while COMMAND runs; COMMAND, in a group of its own,
+		// is killed by hand.
+		if err := p.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = p.cmd.Wait()
+		if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if rec := record(t, name, "s1"); rec != nil {
+			t.Fatalf("a record after a crash: %v", rec)
+		}
+		// The next run waits for the crashed run's lease, then runs.
+		if r, ran := run(t, name, "s1", "0"); r.code != 0 || !ran {
+			t.Fatalf("the run after a crash: got status %d, ran %v, want 0, true (%s)", r.code, ran, r.stderr)
+		}
+		if record(t, name, "s1") == nil {
+			t.Fatal("no record after the run that followed a crash")
 		}
 	})
 
