@@ -62,12 +62,12 @@ const recordTimeout = 5 * time.Second
 // error) or (OnceRan, ErrLockLost) with nothing recorded, so that a later
 // call runs f; (OnceRan, etcd's error) if the record's put failed, the
 // record then in etcd or not; with WithWatchdog, (OnceRan, ErrStalled) once
-// the watchdog cancelled f, the slot recorded only if f returned nil. A put whose reply was lost is sent again,
-// being the same write: it never makes f run twice. A crash while f runs
-// (the process, or its lease) leaves the slot not done. The errors of the
-// lock, and a slot already done, leave f not run and nothing written; the
-// empty slot, a retention <= 0, a nil f or ctx return ErrInvalidArgument
-// wrapped, with nothing read or written.
+// the watchdog cancelled f, the slot recorded only if f returned nil. A put
+// whose reply was lost is sent again, being the same write: it never makes
+// f run twice. A crash while f runs (the process, or its lease) leaves the
+// slot not done. The errors of the lock, and a slot already done, leave f
+// not run and nothing written; the empty slot, a retention <= 0, a nil f or
+// ctx return ErrInvalidArgument wrapped, with nothing read or written.
 //
 // At most once holds as far as the lock excludes: a hold lost while f runs
 // (Done closes, f's context is cancelled) lets another take the lock and run
@@ -127,7 +127,7 @@ func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Du
 		defer cancel()
 		err = once.Record(rctx, client, key, held.Fence().String(), held.IsOwner(), retention)
 		if errors.Is(err, once.ErrNotOwner) {
-			return fmt.Errorf("%w: %w", ErrLockLost, err)
+			return fmt.Errorf("%w: slot %q not recorded done", ErrLockLost, slot)
 		}
 		return err
 	})
