@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Do takes the lock, runs f, and releases the lock once f has returned,
@@ -17,7 +18,7 @@ import (
 // returned, once the watchdog cancelled f. If f panics, Do releases the
 // lock and panics again.
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
-	o := m.do(ctx, f)
+	o := m.do(ctx, waitForever, f)
 	switch {
 	case o.stalled:
 		return ErrStalled
@@ -32,6 +33,7 @@ func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error
 // A doing is how a Do went.
 type doing struct {
 	ran     bool  // f ran: err is f's, not the lock's
+	busy    bool  // the wait ran out: f did not run
 	err     error // the lock's error, or f's
 	lost    bool  // the hold was lost, or about to be, while f ran
 	stalled bool  // f reported no progress within the watchdog's period
@@ -39,13 +41,14 @@ type doing struct {
 	release error // the release's error
 }
 
-// do takes the lock, runs f and releases the lock, as Do does.
-func (m *Mutex) do(ctx context.Context, f func(ctx context.Context) error) (o doing) {
+// do takes the lock, waiting as acquire's wait says, runs f and releases
+// the lock, as Do does.
+func (m *Mutex) do(ctx context.Context, wait time.Duration, f func(ctx context.Context) error) (o doing) {
 	if f == nil {
 		return doing{err: fmt.Errorf("%w: nil function", ErrInvalidArgument)}
 	}
-	if err := m.LockContext(ctx); err != nil {
-		return doing{err: err}
+	if ok, err := m.acquire(ctx, wait); !ok {
+		return doing{err: err, busy: err == nil}
 	}
 	st := m.state(false)
 	fctx, sc := st.openScope(ctx)

@@ -118,5 +118,7 @@
 // etcd's concurrency.Mutex and etcdctl lock: the three exclude each other.
 // Unlike them, a Mutex ignores keys nested deeper: "a/b" does not block "a".
 // With etcd's authentication on, a lock's role needs read and write on the
-// keys that start with "name/" and "etcdlock.fence." (docs/design.md §7).
+// keys that start with "name/" and "etcdlock.fence." (docs/design.md §7);
+// DoOnce and etcdlock run --once-per also on those that start with
+// "etcdlock.done.", and lease grants for their records.
 package etcdlock

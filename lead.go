@@ -91,7 +91,7 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 	retry := newBackoff() // after a campaign that failed
 	for {
 		start := time.Now()
-		o := m.do(ctx, f)
+		o := m.do(ctx, waitForever, f)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()

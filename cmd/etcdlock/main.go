@@ -30,6 +30,7 @@ const (
 	exitUnavailable = 69  // EX_UNAVAILABLE: etcd unreachable or refused us
 	exitLost        = 74  // the lock was lost while the command ran
 	exitBusy        = 75  // EX_TEMPFAIL: the lock is held and --wait ran out
+	exitDone        = 76  // --once-per's slot was done: COMMAND did not run (no sysexits meaning; EX_PROTOCOL unused here)
 	exitCannotRun   = 126 // the command exists but could not be started
 	exitNotFound    = 127 // the command was not found
 )
@@ -149,7 +150,7 @@ Usage:
   etcdlock version                                etcdlock's version, Go version and platform
 
 Exit statuses of run: the command's own; 64 usage, 69 etcd unreachable,
-74 lock lost, 75 lock busy; 126/127 command not runnable / not found;
+74 lock lost, 75 lock busy, 76 slot done (--once-per); 126/127 command not runnable / not found;
 128+N interrupted by signal N while waiting.
 `
 

@@ -72,13 +72,20 @@ SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to
 COMMAND's process group while it runs; while waiting, they make etcdlock
 give up, leave no key behind, and exit 128+N.
 
+With --once-per SLOT, COMMAND runs at most once for SLOT across every run
+of NAME: a run that finds the slot recorded done, before the lock or once it
+holds it, exits 76 without running COMMAND; when COMMAND exits 0 with the
+lock held throughout, the slot is recorded done in etcd for --retention. No
+clock is read: name the slot from the schedule (date -u +%F for a nightly
+run).
+
 For scripts written for flock(1): --wait 0 is flock's -n, --wait 30s its
 -w 30, --conflict-exit-code its -E, --quiet (-q) its -q. A busy lock's
 message names its holder, unless --quiet.
 
 Exit statuses: COMMAND's own; 64 usage; 69 etcd unreachable or refused us;
 74 lock lost (also at --max-hold, or given up by --watchdog); 75 lock busy (--wait ran out; see
---conflict-exit-code); 126
+--conflict-exit-code); 76 slot done (--once-per: a run recorded the slot done, COMMAND did not run); 126
 COMMAND could not be started; 127 COMMAND not found; 128+N signal N while
 waiting.
 `
@@ -185,6 +192,7 @@ type runOptions struct {
 	maxHold  time.Duration // --max-hold; 0: none
 	delay    time.Duration // --lock-delay; 0: none
 	watchdog time.Duration // --watchdog; 0: none
+	once     onceFlags     // --once-per, --retention
 }
 
 // locksFlag is --lock, given once per lock.
@@ -227,7 +235,8 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.IntVar(&o.conflict, "conflict-exit-code", exitBusy, "exit `status` (0-255) when the lock is busy: held for the whole --wait, as flock's -E")
 	c.BoolVar(&o.quiet, "quiet", false, "say nothing when the lock is busy, nor while waiting, as flock's -q; also -q")
 	c.BoolVar(&o.quiet, "q", false, "the same as --quiet")
-	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "lock", "shared", "limit", "max-hold", "lock-delay", "watchdog", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet"}})
+	o.once.register(c)
+	c.groups = append(c.groups, flagGroup{title: "Lock flags", names: []string{"ttl", "wait", "lock", "shared", "limit", "max-hold", "lock-delay", "watchdog", "kill-grace", "identity", "identity-cmd", "conflict-exit-code", "quiet", "once-per", "retention"}})
 	o.obs.register(c)
 	o.conn.register(c, true)
 	return c, o
@@ -261,6 +270,9 @@ func runCommand(args []string, sio stdio) error {
 		return usagef("run", "--limit must be at least 1, got %d", o.limit)
 	case limitSet && o.shared:
 		return usagef("run", "--shared and --limit are two kinds of lock: give one")
+	}
+	if err := o.once.check(names, o.mode()); err != nil {
+		return err
 	}
 	if o.withCmd && o.identity.set {
 		return usagef("run", "--identity-cmd adds the command to the default identity: not with --identity")
@@ -416,6 +428,9 @@ func (r *runner) lock(ctx context.Context) error {
 	r.s = s
 	r.l = newRunLock(s, r.names, r.opts.mode(), r.opts.limit)
 	r.grace = r.opts.grace.value(s.TTL())
+	if err := r.slotDone(ctx); err != nil {
+		return err
+	}
 
 	var deadline time.Time
 	if r.opts.wait.set {
@@ -437,6 +452,11 @@ func (r *runner) lock(ctx context.Context) error {
 		default:
 			err = r.busy(st)
 		}
+		r.unlock()
+		return err
+	}
+	// A run may have recorded the slot while we waited.
+	if err := r.slotDone(ctx); err != nil {
 		r.unlock()
 		return err
 	}
@@ -604,13 +624,24 @@ wait:
 		r.stopGroup(pid, lostAt.Add(r.grace))
 	}
 
-	unlockErr := r.l.release(context.Background())
 	status := exitStatus(cmd.ProcessState)
+	var recordErr error
+	// recorded: --once-per's record, guarded by the hold, was put after
+	// COMMAND exited, so the hold lasted until then.
+	recorded := false
+	if status == 0 && lostAt.IsZero() && !gaveUp && r.opts.once.slot != "" {
+		recordErr = r.recordSlot()
+		recorded = recordErr == nil
+	}
+	unlockErr := r.l.release(context.Background())
 	switch {
 	case gaveUp:
 		return withStatus(exitLost, fmt.Errorf("gave up the lock %q: %s reported no progress for --watchdog %v (it exited with status %d)", r.name, r.command[0], r.opts.watchdog, status))
 	case !lostAt.IsZero():
 		return withStatus(exitLost, fmt.Errorf("lost the lock %q while %s ran (it exited with status %d): %s", r.name, r.command[0], status, r.lossReason(time.Second)))
+	case recordErr != nil:
+		return recordErr
+	case recorded:
 	case errors.Is(unlockErr, etcdlock.ErrLockLost), errors.Is(unlockErr, etcdlock.ErrSessionExpired):
 		return withStatus(exitLost, fmt.Errorf("lock %q was gone when %s exited (with status %d): %v", r.name, r.command[0], status, unlockErr))
 	case unlockErr != nil:

@@ -1,0 +1,119 @@
+// Package once keeps the records of run slots done, for Mutex.DoOnce and
+// etcdlock run --once-per: where a record lives, how it is read, and how it
+// is put, fenced by a hold.
+package once
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Prefix begins every record's key. Like the fence keys
+// ("etcdlock.fence."), a record's key has no "/": no lock's prefix
+// ("NAME/") holds it, so no queue, ours, etcd's concurrency.Mutex's or
+// etcdctl lock's, counts it as a member.
+const Prefix = "etcdlock.done."
+
+// escape writes the bytes that would make a key ambiguous, or put it under
+// a lock's prefix, as %XX: "%", "/" and the separator "@".
+var escape = strings.NewReplacer("%", "%25", "/", "%2F", "@", "%40")
+
+// Key returns the key of the record of slot on the lock name:
+// etcdlock.done.<name>@<slot>, "%", "/" and "@" written %XX in both, so that
+// two (name, slot) pairs never share a key.
+func Key(name, slot string) string {
+	return Prefix + escape.Replace(name) + "@" + escape.Replace(slot)
+}
+
+// ErrNotOwner: the hold that was to fence the record had ended; nothing is
+// recorded.
+var ErrNotOwner = errors.New("etcdlock: the hold ended before the slot was recorded done")
+
+// Done reports whether key holds a record.
+func Done(ctx context.Context, kv clientv3.KV, key string) (bool, error) {
+	resp, err := kv.Get(ctx, key, clientv3.WithCountOnly())
+	if err != nil {
+		return false, fmt.Errorf("etcdlock: read the record %q: %w", key, err)
+	}
+	return resp.Count > 0, nil
+}
+
+// retryPause is the pause before a put whose reply was lost is sent again.
+const retryPause = 100 * time.Millisecond
+
+// Record puts value at key with a lease of its own, of retention rounded
+// up to whole seconds, in a Txn guarded by owner (a hold's IsOwner): the
+// record outlives the hold and its Session, and goes when its lease
+// expires. It returns nil once etcd said the put was applied; ErrNotOwner
+// if the hold had ended and no put of this call was applied, its lease then
+// revoked; else etcd's error, the record then in etcd or not, its lease
+// left to expire.
+//
+// A put whose reply was lost is sent again until ctx ends: under the same
+// guard, with the same value and lease, it is the same write, so a first
+// put applied without its reply makes no second record.
+func Record(ctx context.Context, c *clientv3.Client, key, value string, owner clientv3.Cmp, retention time.Duration) error {
+	lease, err := c.Grant(ctx, int64((retention+time.Second-1)/time.Second))
+	if err != nil {
+		return fmt.Errorf("etcdlock: grant the lease of the record %q: %w", key, err)
+	}
+	put := clientv3.OpPut(key, value, clientv3.WithLease(lease.ID))
+	for {
+		resp, err := c.Txn(ctx).If(owner).Then(put).Commit()
+		switch {
+		case err == nil && resp.Succeeded:
+			return nil
+		case err == nil:
+			return notOwner(ctx, c, key, lease.ID)
+		case !transient(err) || ctx.Err() != nil:
+			return fmt.Errorf("etcdlock: record %q: %w", key, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("etcdlock: record %q: %w", key, err)
+		case <-time.After(retryPause):
+		}
+	}
+}
+
+// notOwner is Record's answer when a put found the hold ended. An earlier
+// put of the call, whose reply was lost, may have been applied while the
+// hold lasted: then the record is ours, and stands.
+func notOwner(ctx context.Context, c *clientv3.Client, key string, lease clientv3.LeaseID) error {
+	resp, err := c.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("%w (and its record %q could not be read: %w)", ErrNotOwner, key, err)
+	}
+	if len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) == lease {
+		return nil
+	}
+	// No put of ours can apply from now on: the guard fails for good.
+	_, _ = c.Revoke(ctx, lease)
+	return ErrNotOwner
+}
+
+// transient reports whether err may be a lost reply or a passing failure,
+// worth sending the same put again.
+func transient(err error) bool {
+	if errors.Is(err, rpctypes.ErrPermissionDenied) || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return false
+	}
+	code := status.Code(err)
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,164 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/etcdlock/etcdlock/internal/once"
+)
+
+// A OnceResult says how a DoOnce or TryDoOnce call went. The zero
+// OnceResult, with an error, says that f did not run.
+type OnceResult int
+
+const (
+	// OnceRan: f ran. With a nil error, f returned nil and the slot is
+	// recorded done. With f's error or ErrLockLost, nothing is recorded:
+	// a later call runs f again. With another error (etcd's, once f
+	// returned nil), the record may or may not be in etcd.
+	OnceRan OnceResult = iota + 1
+	// OnceDone: f did not run, the slot being recorded done, read before
+	// the lock was taken or once it was held.
+	OnceDone
+	// OnceBusy: f did not run, the lock being held or waited for by
+	// another for the whole wait of TryDoOnce. The slot may be done since.
+	OnceBusy
+)
+
+// String returns "ran", "skipped: done", "skipped: busy", or "did not run"
+// for the zero OnceResult.
+func (o OnceResult) String() string {
+	switch o {
+	case OnceRan:
+		return "ran"
+	case OnceDone:
+		return "skipped: done"
+	case OnceBusy:
+		return "skipped: busy"
+	}
+	return "did not run"
+}
+
+// recordTimeout bounds the record of a slot once f returned nil: it is
+// written even if ctx ended meanwhile, since f's work is done and an
+// unrecorded slot runs again.
+const recordTimeout = 5 * time.Second
+
+// DoOnce runs f at most once per slot of the lock, across every Session and
+// process that names the same lock and slot (such as "2026-11-26T03:00" for
+// a nightly run): it returns OnceDone if etcd holds the slot's record; else
+// it takes the lock as Do does, reads the record again, and runs f only if
+// it is still missing. When f returns nil, it records the slot done in one
+// Txn guarded by the hold's IsOwner, with a lease of retention (rounded up
+// to whole seconds, and raised by etcd to its minimum TTL) granted for the
+// record alone: the record outlives the hold and the Session, and expires
+// after retention, when the slot can run again. It reads no clock: whether
+// the slot is done is etcd's record alone, so a node that comes late, or
+// whose clock is off, skips the slot once another ran it.
+//
+// It returns (OnceRan, nil) once the record is in etcd; (OnceRan, f's
+// error) or (OnceRan, ErrLockLost) with nothing recorded, so that a later
+// call runs f; (OnceRan, etcd's error) if the record's put failed, the
+// record then in etcd or not; with WithWatchdog, (OnceRan, ErrStalled) once
+// the watchdog cancelled f, the slot recorded only if f returned nil. A put
+// whose reply was lost is sent again, being the same write: it never makes
+// f run twice. A crash while f runs (the process, or its lease) leaves the
+// slot not done. The errors of the lock, and a slot already done, leave f
+// not run and nothing written; the empty slot, a retention <= 0, a nil f or
+// ctx return ErrInvalidArgument wrapped, with nothing read or written.
+//
+// At most once holds as far as the lock excludes: a hold lost while f runs
+// (Done closes, f's context is cancelled) lets another take the lock and run
+// f before this f has returned; f's writes can refuse such a run with the
+// hold's fence (HoldFrom). The record's key, etcdlock.done.NAME@SLOT
+// ("%", "/" and "@" written %XX), is counted by no lock's queue.
+func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
+	return m.doOnce(ctx, slot, retention, waitForever, f)
+}
+
+// TryDoOnce is DoOnce waiting at most wait for the lock (0 tries once): it
+// returns (OnceBusy, nil), having run nothing and written nothing, when the
+// lock was held or waited for by another for the whole wait. For crontab
+// runs, where a run that finds the slot's run under way should skip it
+// rather than queue behind it.
+func (m *Mutex) TryDoOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
+	return m.doOnce(ctx, slot, retention, max(wait, tryOnly), f)
+}
+
+// doOnce is DoOnce and TryDoOnce, waiting for the lock as acquire's wait
+// says.
+func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
+	if err := m.check(ctx); err != nil {
+		return 0, err
+	}
+	switch {
+	case slot == "":
+		return 0, fmt.Errorf("%w: empty slot", ErrInvalidArgument)
+	case retention <= 0:
+		return 0, fmt.Errorf("%w: retention %v, want > 0", ErrInvalidArgument, retention)
+	case f == nil:
+		return 0, fmt.Errorf("%w: nil function", ErrInvalidArgument)
+	}
+	client := m.s.Client()
+	key := once.Key(m.name, slot)
+	if done, err := once.Done(ctx, client, key); err != nil || done {
+		return doneOr(err)
+	}
+	var (
+		result  OnceResult // how the call went, once the lock was held
+		lockErr error      // an error of the lock's, not f's: f did not run
+	)
+	o := m.do(ctx, wait, func(fctx context.Context) error {
+		// A run may have ended while we waited: the read, after the lock
+		// was taken, sees its record.
+		done, err := once.Done(fctx, client, key)
+		if err != nil || done {
+			result, lockErr = doneOr(err)
+			return lockErr
+		}
+		result = OnceRan
+		if err := f(fctx); err != nil {
+			return err
+		}
+		held, _ := HoldFrom(fctx)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		defer cancel()
+		err = once.Record(rctx, client, key, held.Fence().String(), held.IsOwner(), retention)
+		if errors.Is(err, once.ErrNotOwner) {
+			return fmt.Errorf("%w: slot %q not recorded done", ErrLockLost, slot)
+		}
+		return err
+	})
+	switch {
+	case o.busy:
+		return OnceBusy, nil
+	case !o.ran:
+		return 0, o.err
+	case result != OnceRan:
+		if lockErr != nil {
+			return 0, lockErr
+		}
+		return result, o.release
+	case o.stalled:
+		return OnceRan, ErrStalled
+	case o.err != nil:
+		return OnceRan, o.err
+	}
+	// The record's Txn, guarded by the hold, succeeded: the hold lasted
+	// from the lock to the record, whatever Done said meanwhile, and a loss
+	// after it is no news to the caller.
+	if errors.Is(o.release, ErrLockLost) {
+		return OnceRan, nil
+	}
+	return OnceRan, o.release
+}
+
+// doneOr returns OnceDone if err is nil, else err, f not run.
+func doneOr(err error) (OnceResult, error) {
+	if err != nil {
+		return 0, err
+	}
+	return OnceDone, nil
+}
