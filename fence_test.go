@@ -417,9 +417,10 @@ func TestCheckFenceLaggingMember(t *testing.T) {
 	ctx := testContext(t)
 	s := newSession(t, healthy)
 	m := etcdlock.NewMutex(s, lockName(t))
-	if err := m.LockContext(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// A loaded machine can time out a request of a fresh 3-member cluster
+	// ("etcdserver: request timed out"): the lock and the delete are tried
+	// again until etcd takes them.
+	eventually(t, "the lock", func() bool { return m.LockContext(ctx) == nil })
 	h, _ := m.Held()
 	f := h.Fence()
 	eventually(t, "the lagging member holding the fence's key", func() bool {
@@ -427,9 +428,10 @@ func TestCheckFenceLaggingMember(t *testing.T) {
 	})
 
 	c.Lag(lagging)
-	if _, err := healthy.Delete(ctx, f.Key); err != nil {
-		t.Fatal(err)
-	}
+	eventually(t, "the delete of the fence's key", func() bool {
+		_, err := healthy.Delete(ctx, f.Key)
+		return err == nil
+	})
 	qctx, cancel := context.WithTimeout(ctx, time.Second)
 	err := etcdlock.CheckFence(qctx, behind, f)
 	cancel()
