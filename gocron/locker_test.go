@@ -16,11 +16,13 @@ import (
 
 // skew is how much later each replica of TestLockerReplicas starts a tick
 // than the one before.
-const skew = 100 * time.Millisecond
+const skew = 50 * time.Millisecond
 
 // Three replicas' schedulers run one job each tick with the Locker, their
-// starts of a tick spread over 200 ms: each tick runs once, under a lock etcd shows held by the replica that runs it;
-// once the replica that ran last is cut off from etcd, the others go on.
+// starts of a tick spread over 100 ms: each tick runs once, under a lock
+// etcd shows held by the replica that runs it; once the replica that ran
+// last is cut off from etcd, the others go on. Without WithMinHold, the
+// later replicas run most ticks again.
 func TestLockerReplicas(t *testing.T) {
 	srv := etcdtest.Start(t)
 	rs := newReplicas(t, srv, 3)
@@ -29,7 +31,7 @@ func TestLockerReplicas(t *testing.T) {
 	j := newJudge(t, srv, prefix+"report/", first)
 	defer shutdown(t, rs)
 	for _, r := range rs {
-		// Each replica starts a tick 100 ms after the one before, a run
+		// Each replica starts a tick 50 ms after the one before, a run
 		// taking milliseconds: the minimum hold keeps the later ones out.
 		l, err := etcdlockgocron.NewLocker(r.s, prefix, etcdlockgocron.WithMinHold(interval/2))
 		if err != nil {
