@@ -106,3 +106,32 @@ func TestElectorInvalid(t *testing.T) {
 		t.Errorf("empty name: got %v, want ErrInvalidArgument", err)
 	}
 }
+
+// Without WithRenewal, the campaign ends with the Session: IsLeader then
+// returns ErrNotLeader with the Session's error.
+func TestElectorSessionEnded(t *testing.T) {
+	srv := etcdtest.Start(t)
+	s, err := etcdlock.NewSession(srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := etcdlockgocron.NewElector(s, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for err := e.IsLeader(ctx); !errors.Is(err, etcdlock.ErrSessionExpired); err = e.IsLeader(ctx) {
+		if time.Now().After(deadline) {
+			t.Fatalf("IsLeader 30 s after the Session's Close: got %v, want ErrNotLeader and ErrSessionExpired", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := e.IsLeader(ctx); !errors.Is(err, etcdlockgocron.ErrNotLeader) {
+		t.Errorf("IsLeader: got %v, want ErrNotLeader", err)
+	}
+}

@@ -152,3 +152,57 @@ func TestLockerInvalid(t *testing.T) {
 		t.Errorf("nil context: got %v, want ErrInvalidArgument", err)
 	}
 }
+
+// A run longer than the lease's TTL keeps its lock, renewed by the
+// Session's keep-alive alone; a hold whose key is deleted under it unlocks
+// with ErrLockLost.
+func TestLockerLongRun(t *testing.T) {
+	srv := etcdtest.Start(t)
+	judge := srv.Client(t)
+	ctx := context.Background()
+	prefix := t.Name() + "/"
+	var (
+		lockers [2]*etcdlockgocron.Locker
+		ttl     time.Duration // as etcd granted it
+	)
+	for i := range lockers {
+		s, err := etcdlock.NewSession(srv.Client(t), etcdlock.WithTTL(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ttl = s.TTL()
+		if lockers[i], err = etcdlockgocron.NewLocker(s, prefix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lock, err := lockers[0].Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * ttl)
+	resp, err := judge.Get(ctx, prefix+"job/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 {
+		t.Fatalf("keys in etcd after twice the TTL: got %d, want 1", len(resp.Kvs))
+	}
+	if _, err := lockers[1].Lock(ctx, "job"); !errors.Is(err, etcdlockgocron.ErrBusy) {
+		t.Fatalf("Lock of a job run past the TTL: got %v, want ErrBusy", err)
+	}
+	if err := lock.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock after twice the TTL: got %v, want nil", err)
+	}
+
+	lock, err = lockers[1].Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := judge.Delete(ctx, prefix+"job/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.Unlock(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Errorf("Unlock of a hold whose key was deleted: got %v, want ErrLockLost", err)
+	}
+}
