@@ -72,8 +72,9 @@ func NewLocker(s *etcdlock.Session, prefix string, opts ...LockerOption) (*Locke
 // it, and returns the hold, to be unlocked on the goroutine that locked it
 // (as gocron does). It returns ErrBusy, wrapped, leaving no key, when the
 // lock is taken; etcdlock's errors (such as etcdlock.ErrSessionExpired once
-// the Session has ended), wrapped, when etcd could not be asked; and
-// ErrInvalidArgument, wrapped, for a nil ctx or an empty key.
+// the Session has ended, or within about the TTL while etcd cannot be
+// reached), wrapped; and ErrInvalidArgument, wrapped, for a nil ctx or an
+// empty key.
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	switch {
 	case ctx == nil:
