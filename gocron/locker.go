@@ -32,10 +32,12 @@ type lockerOption func(*Locker) error
 func (f lockerOption) apply(l *Locker) error { return f(l) }
 
 // WithMinHold keeps each lock for at least d after it was taken (default 0:
-// until the run ends): Unlock waits for the rest of d, or for the end of
-// gocron's context. Choose d longer than the spread of the replicas' starts
-// of one tick (their clocks' skew plus their scheduling delays) and shorter
-// than the job's interval, or the replica that holds skips the next tick.
+// until the run ends): Unlock waits for the rest of d, unless the hold is
+// lost, and a scheduler's Shutdown waits for Unlock. Choose d longer than
+// the spread of the replicas' starts of one tick (their clocks' skew plus
+// their scheduling delays), and shorter than the job's interval (or the
+// replica that holds skips the next tick) and than gocron's stop timeout
+// (10 s by default).
 func WithMinHold(d time.Duration) LockerOption {
 	return lockerOption(func(l *Locker) error {
 		if d < 0 {
@@ -99,16 +101,18 @@ type lock struct {
 	until time.Time // WithMinHold: no unlock before
 }
 
-// Unlock waits for the rest of the minimum hold, or for ctx to end, then
-// deletes the key, even once ctx has ended. It returns nil when the hold
-// lasted until then, etcdlock.ErrLockLost when its key was gone before, and
-// etcdlock.ErrNotHeld when called again or on another goroutine.
+// Unlock waits for the rest of the minimum hold, even once ctx has ended
+// (the scheduler shutting down would otherwise let another replica run the
+// tick again), unless the hold is lost first; then it deletes the key. It
+// returns nil when the hold lasted until then, etcdlock.ErrLockLost when its
+// key was gone before, and etcdlock.ErrNotHeld when called again or on
+// another goroutine.
 func (k *lock) Unlock(ctx context.Context) error {
 	if wait := time.Until(k.until); wait > 0 {
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
-		case <-ctx.Done():
+		case <-k.m.Done():
 			t.Stop()
 		}
 	}

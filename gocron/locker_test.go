@@ -108,11 +108,16 @@ func TestLockerLockUnlock(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Lock once free: got %v, want nil", err)
 	}
-	// A cancelled context cuts the minimum hold short, and still unlocks.
+	// A cancelled context (the scheduler shutting down) keeps the minimum
+	// hold, and unlocks.
+	start = time.Now()
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := lock.Unlock(cctx); err != nil {
 		t.Fatalf("Unlock with a cancelled context: got %v, want nil", err)
+	}
+	if d := time.Since(start); d < minHold-100*time.Millisecond {
+		t.Errorf("Unlock with a cancelled context returned %v after Lock, want about %v or more", d, minHold)
 	}
 	if n := keys(); n != 0 {
 		t.Fatalf("keys in etcd after Unlock: got %d, want 0", n)
