@@ -29,11 +29,12 @@ func ExampleLocker() {
 		mu   sync.Mutex
 		runs = make(map[int]int) // runs per tick
 	)
+	const every = 2 * time.Second
 	first := time.Now().Add(time.Second)
 	report := func() {
 		mu.Lock()
 		defer mu.Unlock()
-		runs[int(time.Since(first)/time.Second)]++
+		runs[int(time.Since(first)/every)]++
 	}
 	for range 3 {
 		client, err := srv.NewClient()
@@ -45,9 +46,9 @@ func ExampleLocker() {
 			log.Fatal(err)
 		}
 		defer s.Close()
-		// Held for half a second at least: a replica that starts the tick
-		// up to then after the first one finds the job locked.
-		locker, err := etcdlockgocron.NewLocker(s, "myapp/jobs/", etcdlockgocron.WithMinHold(500*time.Millisecond))
+		// Held for 1.5 s at least: a replica that starts the tick up to
+		// then after the first one finds the job locked.
+		locker, err := etcdlockgocron.NewLocker(s, "myapp/jobs/", etcdlockgocron.WithMinHold(1500*time.Millisecond))
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -56,7 +57,7 @@ func ExampleLocker() {
 			log.Fatal(err)
 		}
 		defer sched.Shutdown()
-		_, err = sched.NewJob(gocron.DurationJob(time.Second), gocron.NewTask(report),
+		_, err = sched.NewJob(gocron.DurationJob(every), gocron.NewTask(report),
 			gocron.WithName("report"), gocron.WithStartAt(gocron.WithStartDateTime(first)))
 		if err != nil {
 			log.Fatal(err)

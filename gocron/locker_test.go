@@ -33,7 +33,7 @@ func TestLockerReplicas(t *testing.T) {
 	for _, r := range rs {
 		// Each replica starts a tick 50 ms after the one before, a run
 		// taking milliseconds: the minimum hold keeps the later ones out.
-		l, err := etcdlockgocron.NewLocker(r.s, prefix, etcdlockgocron.WithMinHold(interval/2))
+		l, err := etcdlockgocron.NewLocker(r.s, prefix, etcdlockgocron.WithMinHold(interval*3/4))
 		if err != nil {
 			t.Fatal(err)
 		}

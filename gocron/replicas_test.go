@@ -20,7 +20,7 @@ import (
 // interval is the period of the jobs of the replica tests: long enough
 // that a run starts within it of its tick on a loaded machine, so that
 // the tick a run is for is the whole intervals since the first.
-const interval = time.Second
+const interval = 2 * time.Second
 
 // A replica is one of the processes of a test: its own client (behind a
 // proxy that can cut it off), Session and gocron.Scheduler.
