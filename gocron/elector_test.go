@@ -19,29 +19,16 @@ import (
 // off from etcd, another leads and runs it.
 func TestElectorReplicas(t *testing.T) {
 	srv := etcdtest.Start(t)
-	rs := newReplicas(t, srv, 3)
 	name := t.Name() + "/leader"
-	first := time.Now().Truncate(interval).Add(2 * interval)
-	j := newJudge(t, srv, name+"/", first)
-	defer shutdown(t, rs)
-	for _, r := range rs {
+	cutOneOfThree(t, srv, name+"/", "leader", func(r *replica) gocron.SchedulerOption {
 		e, err := etcdlockgocron.NewElector(r.s, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer e.Close()
+		t.Cleanup(func() { _ = e.Close() })
 		// The same skew as the Locker's test: no matter to an Elector.
-		startJob(t, r, j, time.Duration(r.i)*skew, gocron.WithDistributedElector(e))
-	}
-
-	runs := j.waitRuns("3 ticks run", func(runs map[int][]int) bool { return len(runs) >= 3 })
-	killed, cut := lastRun(runs)
-	rs[cut].proxy.Blackhole()
-	t.Logf("leader %d cut off after tick %d", cut, killed)
-	runs = j.waitRuns("3 ticks run by another leader", func(runs map[int][]int) bool { return ticksBy(runs, killed+1, cut) >= 3 })
-	shutdown(t, rs)
-	j.check(j.recorded())
-	t.Logf("runs per tick: %v", runs)
+		return gocron.WithDistributedElector(e)
+	})
 }
 
 // IsLeader returns nil once the Elector's key is the oldest in etcd, and

@@ -25,29 +25,16 @@ const skew = 50 * time.Millisecond
 // later replicas run most ticks again.
 func TestLockerReplicas(t *testing.T) {
 	srv := etcdtest.Start(t)
-	rs := newReplicas(t, srv, 3)
 	prefix := t.Name() + "/jobs/"
-	first := time.Now().Truncate(interval).Add(2 * interval)
-	j := newJudge(t, srv, prefix+"report/", first)
-	defer shutdown(t, rs)
-	for _, r := range rs {
+	cutOneOfThree(t, srv, prefix+"report/", "replica", func(r *replica) gocron.SchedulerOption {
 		// Each replica starts a tick 50 ms after the one before, a run
 		// taking milliseconds: the minimum hold keeps the later ones out.
 		l, err := etcdlockgocron.NewLocker(r.s, prefix, etcdlockgocron.WithMinHold(interval*3/4))
 		if err != nil {
 			t.Fatal(err)
 		}
-		startJob(t, r, j, time.Duration(r.i)*skew, gocron.WithDistributedLocker(l))
-	}
-
-	runs := j.waitRuns("3 ticks run", func(runs map[int][]int) bool { return len(runs) >= 3 })
-	killed, cut := lastRun(runs)
-	rs[cut].proxy.Blackhole()
-	t.Logf("replica %d cut off after tick %d", cut, killed)
-	runs = j.waitRuns("3 ticks run by the others", func(runs map[int][]int) bool { return ticksBy(runs, killed+1, cut) >= 3 })
-	shutdown(t, rs)
-	j.check(j.recorded())
-	t.Logf("runs per tick: %v", runs)
+		return gocron.WithDistributedLocker(l)
+	})
 }
 
 // Lock takes the job's lock only while nobody else holds it; Unlock

@@ -210,3 +210,27 @@ func shutdown(t *testing.T, rs []*replica) {
 		}
 	}
 }
+
+// cutOneOfThree runs a job on three replicas of srv, each scheduler made
+// with opt(r), 50 ms apart: after 3 ticks it cuts off the replica that ran
+// the last, and once the others have run 3 more, it checks every tick in
+// etcd (the runs judged by j, whose key under held the runner must hold).
+// what names the replica that was cut off, in the log.
+func cutOneOfThree(t *testing.T, srv *etcdtest.Server, held, what string, opt func(r *replica) gocron.SchedulerOption) {
+	t.Helper()
+	rs := newReplicas(t, srv, 3)
+	first := time.Now().Truncate(interval).Add(2 * interval)
+	j := newJudge(t, srv, held, first)
+	defer shutdown(t, rs)
+	for _, r := range rs {
+		startJob(t, r, j, time.Duration(r.i)*skew, opt(r))
+	}
+	runs := j.waitRuns("3 ticks run", func(runs map[int][]int) bool { return len(runs) >= 3 })
+	killed, cut := lastRun(runs)
+	rs[cut].proxy.Blackhole()
+	t.Logf("%s %d cut off after tick %d", what, cut, killed)
+	runs = j.waitRuns("3 ticks run by the others", func(runs map[int][]int) bool { return ticksBy(runs, killed+1, cut) >= 3 })
+	shutdown(t, rs)
+	j.check(j.recorded())
+	t.Logf("runs per tick: %v", runs)
+}
