@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 )
 
 // The fault matrix of the calls for the people on call (release.go,
-// maxhold.go, waiting.go): each call, each fault it can suffer, injected by a
+// maxhold.go, waiting.go, lockdelay.go) and of CheckFence (fence.go): each call, each fault it can suffer, injected by a
 // seam (seams_test.go) on the client that makes it, and judged in etcd: whose
 // keys are there, with which tokens, and who holds.
 //
@@ -43,6 +44,7 @@ var oncallCalls = []oncallCall{
 	{"waiting-watch", callOwnWatch, []fault{faultLagging, faultEvent, faultDeleted, faultRevoked}, (*oncallCase).waitingWatch},
 	{"lock-delay-read", callHistory, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
 	{"lock-delay-lease", callLeaseTTL, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
+	{"check-fence", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).checkFence},
 }
 
 // oncallCap is the cap of the capped holds of the cases.
@@ -259,6 +261,50 @@ func (oc *oncallCase) askWaiting() <-chan struct{} {
 	waiting := h.Waiting()
 	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
 	return waiting
+}
+
+// checkFence: CheckFence's read of the queue, faulted on the checker's
+// client. While the hold holds in etcd it answers nil or an error, never
+// lost; once etcd has deleted the key, lost; it writes nothing, and leaves
+// nothing on any lease. (Its read through a member that lags:
+// TestCheckFenceLaggingMember.)
+func (oc *oncallCase) checkFence() {
+	t := oc.t
+	oc.hold(oc.healthy)
+	h, _ := oc.m.Held()
+	f := h.Fence()
+	checker := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	rev := revision(t, oc.healthy)
+	ctx, cancel := context.WithTimeout(testContext(t), 2*time.Second)
+	oc.sm.enter(phaseHold, cancel)
+	err := etcdlock.CheckFence(ctx, checker, f)
+	cancel()
+	if errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("CheckFence of a hold that etcd has: got %v, want nil or another error", err)
+	}
+	t.Logf("CheckFence, faulted: %v", err)
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	oc.sm.settle()
+	for _, w := range wroteSince(t, oc.healthy, rev) { // the other cases share the server
+		if strings.Contains(w, `"`+oc.name+"/") {
+			t.Fatalf("CheckFence wrote %s", w)
+		}
+	}
+	if err := etcdlock.CheckFence(testContext(t), checker, f); err != nil {
+		t.Fatalf("CheckFence once healthy: got %v, want nil", err)
+	}
+	if _, err := oc.healthy.Delete(testContext(t), f.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdlock.CheckFence(testContext(t), checker, f); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("CheckFence after the key's delete: got %v, want ErrLockLost", err)
+	}
+	oc.unlockLost()
+	if keys := keysOfLease(t, oc.healthy, oc.name, oc.holder.Lease()); len(keys) != 0 {
+		t.Fatalf("keys of the holder's lease: got %v, want none", keys)
+	}
 }
 
 // waitingRead: Waiting's read of the queue, faulted: it is read again, and

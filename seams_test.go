@@ -39,6 +39,7 @@ const (
 	callKeepAlive  call = "keepalive"  // the lease's keep-alive
 	callHistory    call = "history"    // a read at a past revision: lock-delay's read of the queue as our key found it
 	callLeaseTTL   call = "lease-ttl"  // a lease's time to live: lock-delay's question, whether a lease ahead is gone
+	callQueueRead  call = "queue-read" // a read of a lock's queue at the current revision: CheckFence's
 )
 
 // A fault is what the matrix does to one call.
@@ -154,8 +155,11 @@ func classify(method string, req any) (call, bool) {
 	case "/etcdserverpb.Lease/LeaseTimeToLive":
 		return callLeaseTTL, true
 	case "/etcdserverpb.KV/Range":
-		if req.(*pb.RangeRequest).Revision > 0 {
+		switch r := req.(*pb.RangeRequest); {
+		case r.Revision > 0:
 			return callHistory, true
+		case len(r.RangeEnd) > 0:
+			return callQueueRead, true
 		}
 		return "", false
 	case txnMethod:
