@@ -26,7 +26,8 @@ const (
 // closes the channel. It never sends a queue older than one it sent, nor an
 // unchanged one; a busy receiver gets the newest queue when it next
 // receives. Each slice is the receiver's. It writes nothing; a change whose
-// watch event etcd lost is sent at most 5 s late (docs/design.md §6). Given
+// watch event etcd lost is sent at most 5 s late (docs/design.md §6), and so
+// is a Semaphore's new limit (SetLimit), read but not watched. Given
 // bad input, it returns a closed channel: Inspect says what is wrong.
 func Follow(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
 	return follow(ctx, client, name, slices.Clone, slices.Equal)
@@ -76,7 +77,7 @@ func follow[T any](ctx context.Context, client *clientv3.Client, name string, vi
 		close(out)
 		return out
 	}
-	f := &follower[T]{client: client, pfx: name + "/", keys: map[string]*mvccpb.KeyValue{}, view: view, same: same, out: out}
+	f := &follower[T]{client: client, pfx: name + "/", name: name, keys: map[string]*mvccpb.KeyValue{}, view: view, same: same, out: out}
 	go f.run(ctx)
 	return out
 }
@@ -84,10 +85,12 @@ func follow[T any](ctx context.Context, client *clientv3.Client, name string, vi
 // A follower keeps the keys of one lock's queues, as of a revision, from
 // reads and a watch, and sends their views.
 type follower[T any] struct {
-	client *clientv3.Client
-	pfx    string
-	keys   map[string]*mvccpb.KeyValue // the queues' keys, as of rev
-	rev    int64                       // 0 before the first read
+	client   *clientv3.Client
+	pfx      string
+	name     string
+	keys     map[string]*mvccpb.KeyValue // the queues' keys, as of rev
+	rec      *mvccpb.KeyValue            // a Semaphore's limit record, as of the last read (not watched); nil if none
+	rev      int64                       // 0 before the first read
 
 	view func([]QueueEntry) T
 	same func(a, b []QueueEntry) bool
@@ -179,18 +182,16 @@ func (f *follower[T]) run(ctx context.Context) {
 func (f *follower[T]) read(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, followReadTimeout)
 	defer cancel()
-	resp, err := f.client.Get(rctx, f.pfx, clientv3.WithPrefix())
+	kvs, rec, rev, err := readKeys(rctx, f.client, f.name, false)
 	switch {
 	case err != nil:
 		return err
-	case resp == nil || resp.Header == nil:
-		return errMalformed
-	case resp.Header.Revision < f.rev:
+	case rev < f.rev:
 		return nil
 	}
-	f.rev = resp.Header.Revision
+	f.rev, f.rec = rev, rec
 	clear(f.keys)
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		if inQueue(f.pfx, kv.Key) {
 			f.keys[string(kv.Key)] = kv
 		}
@@ -235,7 +236,7 @@ func (f *follower[T]) changed() {
 	for _, kv := range f.keys {
 		kvs = append(kvs, kv)
 	}
-	q := queueOf(f.pfx, kvs)
+	q := queueOf(f.pfx, kvs, f.rec)
 	var zero T
 	if f.sentAny && f.same(q, f.sent) {
 		f.pending, f.next = nil, zero

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -21,6 +20,7 @@ type QueueEntry struct {
 	Holds    bool             // holds the lock now (an RWMutex's readers and a Semaphore's permits: several)
 	Identity string           // the holder's WithIdentity, "" if none
 	Kind     Kind             // KindMutex (also concurrency.Mutex and etcdctl lock), KindRead, KindWrite or KindSemaphore
+	Weight   int              // a Semaphore key's permits (1, or n from AcquireN); 0 for other kinds
 }
 
 // Inspect reads the queue of the lock called name, in one read that writes
@@ -49,15 +49,67 @@ func readQueue(ctx context.Context, client *clientv3.Client, name, op string) (e
 	case name == "":
 		return nil, 0, ErrInvalidName
 	}
-	pfx := name + "/"
-	resp, err := client.Get(ctx, pfx, clientv3.WithPrefix())
+	kvs, rec, rev, err := readKeys(ctx, client, name, false)
 	if err != nil {
 		return nil, 0, errorf(op, name, err)
 	}
-	if resp == nil || resp.Header == nil {
-		return nil, 0, errorf(op, name, errMalformed)
+	return queueOf(name+"/", kvs, rec), rev, nil
+}
+
+// readKeys reads the keys under name's prefix, and the revision of the
+// read. Where they are a Semaphore's (or withLimit), it reads them again
+// with the limit record, in one Txn, so that both are of one revision:
+// the read of a Mutex's queue is one Range, and needs no permission on the
+// record's key.
+func readKeys(ctx context.Context, client *clientv3.Client, name string, withLimit bool) (kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev int64, err error) {
+	pfx := name + "/"
+	if !withLimit {
+		resp, err := client.Get(ctx, pfx, clientv3.WithPrefix())
+		switch {
+		case err != nil:
+			return nil, nil, 0, err
+		case resp == nil || resp.Header == nil:
+			return nil, nil, 0, errMalformed
+		case !hasPermits(pfx, resp.Kvs):
+			return resp.Kvs, nil, resp.Header.Revision, nil
+		}
 	}
-	return queueOf(pfx, resp.Kvs), resp.Header.Revision, nil
+	resp, err := client.Txn(ctx).Then(clientv3.OpGet(pfx, clientv3.WithPrefix()), clientv3.OpGet(queue.LimitKey(name))).Commit()
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	kvs, rec, err = queueReply(resp)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return kvs, rec, resp.Header.Revision, nil
+}
+
+// hasPermits reports whether a key of kvs is a permit of the Semaphore with
+// prefix pfx.
+func hasPermits(pfx string, kvs []*mvccpb.KeyValue) bool {
+	for _, kv := range kvs {
+		if _, _, _, ok := queue.ParseSemaphoreValue(kv.Value); ok && queue.IsMember(pfx, kv.Key) {
+			return true
+		}
+	}
+	return false
+}
+
+// queueReply reads the reply of a Txn that read a queue's prefix and its
+// limit record, as readQueue does: the keys, and the record (nil if none).
+func queueReply(resp *clientv3.TxnResponse) (kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, err error) {
+	if resp == nil || resp.Header == nil || len(resp.Responses) != 2 {
+		return nil, nil, errMalformed
+	}
+	keys, limit := resp.Responses[0].GetResponseRange(), resp.Responses[1].GetResponseRange()
+	if keys == nil || limit == nil || len(limit.Kvs) > 1 {
+		return nil, nil, errMalformed
+	}
+	if len(limit.Kvs) == 1 {
+		rec = limit.Kvs[0]
+	}
+	return keys.Kvs, rec, nil
 }
 
 // inQueue reports whether key is a key of a queue of the lock with prefix
@@ -79,9 +131,10 @@ func inQueues(names []string, key []byte) bool {
 }
 
 // queueOf returns the queue of the lock with prefix pfx, as Inspect orders
-// it, from keys under pfx in any order; keys not inQueue are left out. It
-// never returns nil, and does not change kvs.
-func queueOf(pfx string, kvs []*mvccpb.KeyValue) []QueueEntry {
+// it, from keys under pfx in any order, and its limit record rec (nil if
+// none): keys not inQueue are left out. It never returns nil, and does not
+// change kvs.
+func queueOf(pfx string, kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue) []QueueEntry {
 	// By create revision: the order of the queue. One Txn can put two keys
 	// at one revision; the key then decides, so that every read of one
 	// state gives one order.
@@ -90,20 +143,16 @@ func queueOf(pfx string, kvs []*mvccpb.KeyValue) []QueueEntry {
 		return cmp.Or(cmp.Compare(a.CreateRevision, b.CreateRevision), bytes.Compare(a.Key, b.Key))
 	})
 	var plain, rw []QueueEntry
-	holders := 1 // a Mutex's holder is its oldest key; a Semaphore's, its limit oldest
+	var plainKvs []*mvccpb.KeyValue
 	for _, kv := range kvs {
 		e := QueueEntry{Key: string(kv.Key), Lease: clientv3.LeaseID(kv.Lease), Token: kv.CreateRevision, Identity: string(kv.Value)}
 		switch {
 		case queue.IsMember(pfx, kv.Key):
 			e.Kind = KindMutex
-			if n, ok := limitOf(kv.Value); ok {
-				e.Kind = KindSemaphore
-				_, e.Identity, _ = strings.Cut(e.Identity, "\n")
-				if len(plain) == 0 {
-					holders = n
-				}
+			if _, w, identity, ok := queue.ParseSemaphoreValue(kv.Value); ok {
+				e.Kind, e.Weight, e.Identity = KindSemaphore, w, identity
 			}
-			plain = append(plain, e)
+			plain, plainKvs = append(plain, e), append(plainKvs, kv)
 		case queue.IsMember(pfx+"read/", kv.Key):
 			e.Kind = KindRead
 			rw = append(rw, e)
@@ -113,8 +162,13 @@ func queueOf(pfx string, kvs []*mvccpb.KeyValue) []QueueEntry {
 		}
 	}
 
-	for i := range plain {
-		plain[i].Holds = i < holders
+	// A Mutex's holder is its oldest key; a Semaphore's, its oldest keys
+	// whose permits fit within its limit.
+	if len(plain) > 0 && plain[0].Kind != KindSemaphore {
+		rec = nil
+	}
+	for i, holds := range queue.Holders(plainKvs, rec) {
+		plain[i].Holds = holds
 	}
 	// An RWMutex's holders are its oldest readers, or its oldest writer.
 	for i := range rw {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -23,25 +25,9 @@ const (
 	KindMulti     Kind = "multi"     // a MultiMutex's call, in events; Inspect lists its keys as KindMutex
 )
 
-// semaphoreValue is the value of a permit's key: the limit on the first
-// line, then the Session's identity.
-func semaphoreValue(limit int, identity string) string {
-	return "limit=" + strconv.Itoa(limit) + "\n" + identity
-}
-
-// limitOf reads the limit of a permit's key value.
-func limitOf(value []byte) (int, bool) {
-	line, _, _ := strings.Cut(string(value), "\n")
-	n, err := strconv.Atoi(strings.TrimPrefix(line, "limit="))
-	if err != nil || !strings.HasPrefix(line, "limit=") || n < 1 {
-		return 0, false
-	}
-	return n, true
-}
-
 // describeLimit says what limit a key value carries, for errors.
 func describeLimit(value []byte) string {
-	if n, ok := limitOf(value); ok {
+	if n, _, _, ok := queue.ParseSemaphoreValue(value); ok {
 		return "limit " + strconv.Itoa(n)
 	}
 	return "no limit (not a semaphore's key)"

@@ -169,15 +169,17 @@ func TestRefusedIsNoMaybe(t *testing.T) {
 }
 
 // TestLockPermissions: a role with read and write on name/ and on the
-// fence keys (etcdlock.fence.), and nothing else, is enough for every
-// primitive of the lock name: to lock, to unlock, to clean up after a lost
-// reply, to renew the Session's lease, and to close the Session.
+// fence keys (etcdlock.fence.), read on the Semaphore's limit record
+// (etcdlock.limit.name), and nothing else, is enough for every primitive of
+// the lock name: to lock, to unlock, to clean up after a lost reply, to
+// renew the Session's lease, and to close the Session.
 func TestLockPermissions(t *testing.T) {
 	testflags.Parallel(t)
 	name := "perm/" + t.Name()
 	env := authServer(t,
 		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
-		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)))
+		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)),
+		permission{"etcdlock.limit." + name, "", clientv3.PermissionType(clientv3.PermRead)})
 	root, user := env.root, env.user
 	fault := &txnFault{}
 	c, err := clientv3.New(clientv3.Config{

@@ -4,37 +4,51 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A Semaphore lets at most limit holders of its name hold a permit at once.
-// A release wakes one waiter, and a free permit is never left idle while
-// someone waits (docs/design.md §4). Each Acquire is one more permit (not
+// A Semaphore lets holders of its name hold at most limit permits at once.
+// An acquisition takes one permit (Acquire) or n (AcquireN) in one key, first
+// come first served: a large acquisition at the head of the queue is not
+// overtaken by smaller ones behind it, so it never starves. A release wakes
+// one waiter, and a free permit is never left idle while a waiter it admits
+// waits (docs/design.md §4). Each acquisition is a Permit of its own (not
 // reentrant), with its own token: a resource must accept any current
 // holder's token.
+//
+// The limit in force is the one SetLimit last recorded for the name, and
+// else the limit every holder was made with (ErrLimitMismatch if they
+// differ). Holders above a lowered limit keep their permits; new
+// acquisitions wait until the holders fit within it.
 type Semaphore struct {
 	s     *Session
 	name  string
 	limit int
-	rule  *queue.Rule
+	rules sync.Map // weight → *queue.Rule: a try's read-first state, kept per weight
 }
 
 // NewSemaphore returns a handle on the semaphore called name with at most
-// limit holders, as NewMutex does. Every holder of a name must use one limit
-// (ErrLimitMismatch).
+// limit permits held at once while no limit is recorded for name (SetLimit),
+// as NewMutex does. Every holder of a name must use one limit
+// (ErrLimitMismatch) while none is recorded.
 func NewSemaphore(s *Session, name string, limit int) *Semaphore {
-	pfx := name + "/"
-	sem := &Semaphore{s: s, name: name, limit: limit}
-	sem.rule = queue.Semaphore(pfx, limit, func(value []byte) error {
-		if got, ok := limitOf(value); !ok || got != limit {
-			return fmt.Errorf("%w: a holder of %q has %s, this Semaphore %d", ErrLimitMismatch, name, describeLimit(value), limit)
-		}
-		return nil
-	})
-	return sem
+	return &Semaphore{s: s, name: name, limit: limit}
+}
+
+// rule returns the rule of an acquisition of weight permits.
+func (sem *Semaphore) rule(weight int) *queue.Rule {
+	if r, ok := sem.rules.Load(weight); ok {
+		return r.(*queue.Rule)
+	}
+	name, limit := sem.name, sem.limit
+	r, _ := sem.rules.LoadOrStore(weight, queue.Semaphore(name, limit, weight, func(value []byte) error {
+		return fmt.Errorf("%w: a holder of %q has %s, this Semaphore %d", ErrLimitMismatch, name, describeLimit(value), limit)
+	}))
+	return r.(*queue.Rule)
 }
 
 // Name returns the semaphore's name, as given to NewSemaphore.
@@ -45,7 +59,9 @@ func (sem *Semaphore) Name() string {
 	return sem.name
 }
 
-// Limit returns the most holders the semaphore allows at once.
+// Limit returns the limit the semaphore was made with: the one in force
+// while no limit is recorded for its name (ReadLimit tells the one in
+// force).
 func (sem *Semaphore) Limit() int {
 	if sem == nil {
 		return 0
@@ -55,24 +71,43 @@ func (sem *Semaphore) Limit() int {
 
 // Acquire waits for a permit, as Mutex.LockContext waits for a lock.
 func (sem *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
-	return sem.acquire(ctx, waitForever)
+	return sem.acquire(ctx, 1, waitForever)
 }
 
 // TryAcquire waits at most wait for a permit, as Mutex.TryLockFor does, and
 // returns ErrNoPermit where that returns (false, nil).
 func (sem *Semaphore) TryAcquire(ctx context.Context, wait time.Duration) (*Permit, error) {
-	return sem.acquire(ctx, max(wait, tryOnly))
+	return sem.acquire(ctx, 1, max(wait, tryOnly))
 }
 
-func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit, error) {
+// AcquireN waits for n permits, taken together in one key as
+// golang.org/x/sync/semaphore's Acquire(ctx, n) takes them: all of them or
+// none, never a part left behind; in turn, so that waiters behind it wait
+// for it even where they would fit. An n above the limit in force counts as
+// the whole limit: it waits until nobody holds, and then holds alone. n < 1
+// is ErrInvalidArgument.
+func (sem *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
+	return sem.acquire(ctx, n, waitForever)
+}
+
+// TryAcquireN waits at most wait for n permits, as AcquireN and TryAcquire
+// do; ErrNoPermit if they were not free in time.
+func (sem *Semaphore) TryAcquireN(ctx context.Context, n int, wait time.Duration) (*Permit, error) {
+	return sem.acquire(ctx, n, max(wait, tryOnly))
+}
+
+func (sem *Semaphore) acquire(ctx context.Context, n int, wait time.Duration) (*Permit, error) {
 	if err := sem.check(ctx); err != nil {
 		return nil, err
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("%w: a Semaphore acquisition takes at least 1 permit, got %d", ErrInvalidArgument, n)
 	}
 	tm, err := sem.s.begin(ctx, wait)
 	if err != nil {
 		return nil, err
 	}
-	t := sem.s.newTicket(tm, sem.name, KindSemaphore, sem.rule, sem.s.uniqueKey(tm, sem.name+"/"), semaphoreValue(sem.limit, sem.s.identity))
+	t := sem.s.newTicket(tm, sem.name, KindSemaphore, sem.rule(n), sem.s.uniqueKey(tm, sem.name+"/"), queue.SemaphoreValue(sem.limit, n, sem.s.identity))
 	h, err := sem.s.acquire(ctx, claim{t: t, wait: wait})
 	if errors.Is(err, errBusy) {
 		return nil, ErrNoPermit
@@ -80,7 +115,7 @@ func (sem *Semaphore) acquire(ctx context.Context, wait time.Duration) (*Permit,
 	if err != nil {
 		return nil, err
 	}
-	return &Permit{sem: sem, h: h}, nil
+	return &Permit{sem: sem, h: h, n: n}, nil
 }
 
 func (sem *Semaphore) check(ctx context.Context) error {
@@ -100,6 +135,16 @@ func (sem *Semaphore) check(ctx context.Context) error {
 type Permit struct {
 	sem *Semaphore
 	h   *keyHold // its end is the release: kept there, once
+	n   int      // how many permits it holds
+}
+
+// Weight returns how many permits p holds: 1 from Acquire, n from
+// AcquireN; 0 for a nil Permit. It does not change when p is released.
+func (p *Permit) Weight() int {
+	if p == nil {
+		return 0
+	}
+	return p.n
 }
 
 // Release gives the permit back, as the last unlock of a Mutex does;

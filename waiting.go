@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -112,9 +114,15 @@ func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, waitingReadTimeout)
 	defer cancel()
 	names := queueNames(h.t.kind, h.t.lock, h.t.Keys())
-	ops := make([]clientv3.Op, len(names))
-	for i, name := range names {
-		ops[i] = clientv3.OpGet(name+"/", clientv3.WithPrefix())
+	// Each queue, and a permit's limit record (a lock's hold needs no
+	// permission on it).
+	permit := h.t.kind == KindSemaphore
+	ops := make([]clientv3.Op, 0, 2*len(names))
+	for _, name := range names {
+		ops = append(ops, clientv3.OpGet(name+"/", clientv3.WithPrefix()))
+		if permit {
+			ops = append(ops, clientv3.OpGet(queue.LimitKey(name)))
+		}
 	}
 	resp, err := h.t.s.client.Txn(ctx).Then(ops...).Commit()
 	switch {
@@ -125,12 +133,22 @@ func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 	}
 	ours, token := h.t.Keys(), h.token()
 	found, waits := 0, false
-	for i, reply := range resp.Responses {
-		r := reply.GetResponseRange()
+	replies := resp.Responses
+	for _, name := range names {
+		r := replies[0].GetResponseRange()
 		if r == nil {
 			return 0, false, errMalformed
 		}
-		for _, e := range queueOf(names[i]+"/", r.Kvs) {
+		var rec *mvccpb.KeyValue
+		if permit {
+			var err error
+			if _, rec, err = queueReply(&clientv3.TxnResponse{Header: resp.Header, Responses: replies[:2]}); err != nil {
+				return 0, false, err
+			}
+			replies = replies[1:]
+		}
+		replies = replies[1:]
+		for _, e := range queueOf(name+"/", r.Kvs, rec) {
 			switch {
 			case slices.Contains(ours, e.Key):
 				if e.Token == token {

@@ -78,9 +78,28 @@ func (r *Rule) placeNew(key string, replies []*pb.ResponseOp, rev int64) (place,
 		}
 	}
 	if r.limit > 0 {
-		return r.count(kvs, rev)
+		rec, err := recordIn(replies, 1)
+		if err != nil {
+			return place{}, err
+		}
+		return r.count(kvs, rec, rev, rev)
 	}
 	return r.lockPlace(kvs, len(rr.Kvs) < window+1, rev), nil
+}
+
+// recordIn returns the limit record in the reply at i of a semaphore's
+// reads, nil if there is none.
+func recordIn(replies []*pb.ResponseOp, i int) (*mvccpb.KeyValue, error) {
+	if i >= len(replies) {
+		return nil, ErrMalformed
+	}
+	switch kvs := replies[i].GetResponseRange().GetKvs(); len(kvs) {
+	case 0:
+		return nil, nil
+	case 1:
+		return kvs[0], nil
+	}
+	return nil, ErrMalformed
 }
 
 // placeOlder reads the place of the key at rev from the replies of
@@ -101,12 +120,19 @@ func (r *Rule) placeOlder(replies []*pb.ResponseOp, rev, seen int64, full bool) 
 		}
 	}
 	switch {
-	case r.limit > 0 && len(replies) > 1:
-		p, err := r.count(older, seen)
-		p.next = len(replies[1].GetResponseRange().Kvs) > 0
-		return p, err
 	case r.limit > 0:
-		return r.count(older, seen)
+		// Every older key, the key behind ours (none for a key put now),
+		// the limit record.
+		if len(replies) < 2 {
+			return place{}, ErrMalformed
+		}
+		rec, err := recordIn(replies, len(replies)-1)
+		if err != nil {
+			return place{}, err
+		}
+		p, err := r.count(older, rec, rev, seen)
+		p.next = len(replies) > 2 && len(replies[1].GetResponseRange().Kvs) > 0
+		return p, err
 	case full:
 		// Every older key, oldest first.
 		newestFirst := slices.Clone(older)
@@ -116,15 +142,16 @@ func (r *Rule) placeOlder(replies []*pb.ResponseOp, rev, seen int64, full bool) 
 	return r.lockPlace(older, len(older) < window, seen), nil
 }
 
-// placeFirst reads what blocks a key put now from the reply of oldest(),
-// read at revision seen; unread if it cannot tell.
-func (r *Rule) placeFirst(rr *pb.RangeResponse, seen int64) (place, error) {
-	if rr == nil {
+// placeFirst reads what blocks a key put now from the replies of oldest(),
+// read at revision seen; unread if they cannot tell.
+func (r *Rule) placeFirst(replies []*pb.ResponseOp, seen int64) (place, error) {
+	if r.limit > 0 {
+		return r.placeAll(replies, seen)
+	}
+	if len(replies) != 1 || replies[0].GetResponseRange() == nil {
 		return place{}, ErrMalformed
 	}
-	if r.limit > 0 {
-		return r.count(rr.Kvs, seen)
-	}
+	rr := replies[0].GetResponseRange()
 	switch {
 	case len(rr.Kvs) == 0:
 		return heldAt(seen), nil
@@ -134,11 +161,10 @@ func (r *Rule) placeFirst(rr *pb.RangeResponse, seen int64) (place, error) {
 	return place{}, nil
 }
 
-// placeAll reads the place a key put now would have from the reply of
-// all(0), read at revision seen.
-func (r *Rule) placeAll(rr *pb.RangeResponse, seen int64) (place, error) {
-	reply := &pb.ResponseOp{Response: &pb.ResponseOp_ResponseRange{ResponseRange: rr}}
-	return r.placeOlder([]*pb.ResponseOp{reply}, math.MaxInt64, seen, true)
+// placeAll reads the place a key put now would have from the replies of
+// every(), read at revision seen.
+func (r *Rule) placeAll(replies []*pb.ResponseOp, seen int64) (place, error) {
+	return r.placeOlder(replies, math.MaxInt64, seen, true)
 }
 
 // lockPlace reads a lock's place from the keys older than ours under the
@@ -164,31 +190,44 @@ func (r *Rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, seen int
 		owner: complete && len(members) == 1}
 }
 
-// count reads a semaphore's place from every key older than ours, oldest
-// first, read at revision seen.
-func (r *Rule) count(kvs []*mvccpb.KeyValue, seen int64) (place, error) {
-	var older []*mvccpb.KeyValue
+// count reads the place of a semaphore's key created at rev (MaxInt64: a
+// key put now) from every key older than it, oldest first, and the limit
+// record rec (nil if none), read at revision seen (limit.go).
+func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int64) (place, error) {
+	l, recorded := Limit{N: r.limit}, rec != nil
+	if recorded {
+		var ok bool
+		if l, ok = ParseLimit(rec.Value); !ok {
+			return place{}, ErrMalformed
+		}
+	}
+	t := newTally(l)
+	var last *mvccpb.KeyValue
 	for _, kv := range kvs {
 		if !r.member(kv.Key) {
 			continue
 		}
-		if r.accept != nil {
+		limit, w, _, ok := ParseSemaphoreValue(kv.Value)
+		if !ok || (!recorded && limit != r.limit) {
 			if err := r.accept(kv.Value); err != nil {
 				return place{}, err
 			}
+			return place{}, ErrMalformed
 		}
-		older = append(older, kv)
+		t.add(kv.CreateRevision, w)
+		last = kv
 	}
-	switch n := len(older); {
-	case n < r.limit:
+	switch {
+	case t.holds(rev, r.weight):
 		return heldAt(seen), nil
-	case n == r.limit:
-		// The head waiter: any release of an older key admits us.
+	case t.all:
+		// The head waiter: any release of an older key, or a raised
+		// limit, may admit us.
 		return place{verdict: blocked, seen: seen, watch: r.blocking, prefix: true}, nil
 	default:
 		// Behind the head: our predecessor's admission, or its leaving,
 		// moves us up.
-		return place{verdict: blocked, seen: seen, watch: string(older[n-1].Key), puts: true}, nil
+		return place{verdict: blocked, seen: seen, watch: string(last.Key), puts: true}, nil
 	}
 }
 

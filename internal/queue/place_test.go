@@ -3,6 +3,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -34,13 +35,21 @@ func rules() map[string]*Rule {
 		"mutex":  Lock("l/", "l/"),
 		"writer": Lock("l/", "l/read/", "l/write/"),
 		"reader": Lock("l/write/", "l/write/"),
-		"sem2": Semaphore("l/", 2, func(v []byte) error {
-			if string(v) == "bad" {
-				return errLimit
-			}
-			return nil
-		}),
+		"sem2":   Semaphore("l", 2, 1, rejectLimit),
+		"sem4w3": Semaphore("l", 4, 3, rejectLimit),
 	}
+}
+
+func rejectLimit([]byte) error { return errLimit }
+
+// permit returns a permit's key of a semaphore of limit, with weight.
+func permit(key string, create int64, limit, weight int) *mvccpb.KeyValue {
+	return &mvccpb.KeyValue{Key: []byte(key), CreateRevision: create, ModRevision: create, Value: []byte(SemaphoreValue(limit, weight, "id"))}
+}
+
+// record returns a limit record.
+func record(l Limit) []*mvccpb.KeyValue {
+	return keys(&mvccpb.KeyValue{Key: []byte(LimitKey("l")), CreateRevision: 3, ModRevision: 3, Value: []byte(l.Value())})
 }
 
 func TestPlaceNew(t *testing.T) {
@@ -79,30 +88,110 @@ func TestPlaceNew(t *testing.T) {
 
 func TestPlaceSemaphore(t *testing.T) {
 	const rev, seen = 20, 25
+	p := func(key string, create int64) *mvccpb.KeyValue { return permit(key, create, 2, 1) }
+	p4 := func(key string, create int64, w int) *mvccpb.KeyValue { return permit(key, create, 4, w) }
+	head := place{verdict: blocked, seen: seen, watch: "l/", prefix: true}
 	for _, tc := range []struct {
 		name        string
+		rule        string
 		oldestFirst []*mvccpb.KeyValue
 		behind      []*mvccpb.KeyValue
+		rec         []*mvccpb.KeyValue
 		want        place
 		err         error
 	}{
-		{"no older key", keys(), keys(), heldAt(seen), nil},
-		{"one older: a permit is free", keys(kv("l/b", 7)), keys(), heldAt(seen), nil},
-		{"two older: the head waiter watches every key", keys(kv("l/b", 7), kv("l/c", 8)), keys(),
-			place{verdict: blocked, seen: seen, watch: "l/", prefix: true}, nil},
-		{"three older: behind the head, watch the predecessor's admission", keys(kv("l/b", 7), kv("l/c", 8), kv("l/d", 9)), keys(),
+		{"no older key", "sem2", keys(), keys(), nil, heldAt(seen), nil},
+		{"one older: a permit is free", "sem2", keys(p("l/b", 7)), keys(), nil, heldAt(seen), nil},
+		{"two older: the head waiter watches every key", "sem2", keys(p("l/b", 7), p("l/c", 8)), keys(), nil, head, nil},
+		{"three older: behind the head, watch the predecessor's admission", "sem2", keys(p("l/b", 7), p("l/c", 8), p("l/d", 9)), keys(), nil,
 			place{verdict: blocked, seen: seen, watch: "l/d", puts: true}, nil},
-		{"a key behind ours", keys(kv("l/b", 7)), keys(kv("l/e", 22)), place{verdict: held, seen: seen, next: true}, nil},
-		{"nested keys do not count", keys(kv("l/b", 7), kv("l/x/c", 8), kv("l/x/d", 9)), keys(), heldAt(seen), nil},
-		{"another limit", keys(&mvccpb.KeyValue{Key: []byte("l/b"), Value: []byte("bad"), CreateRevision: 7}), keys(), place{}, errLimit},
-		{"an older key at our revision", keys(kv("l/b", rev)), keys(), place{}, ErrMalformed},
+		{"a key behind ours", "sem2", keys(p("l/b", 7)), keys(kv("l/e", 22)), nil, place{verdict: held, seen: seen, next: true}, nil},
+		{"nested keys do not count", "sem2", keys(p("l/b", 7), kv("l/x/c", 8), kv("l/x/d", 9)), keys(), nil, heldAt(seen), nil},
+		{"another limit", "sem2", keys(permit("l/b", 7, 3, 1)), keys(), nil, place{}, errLimit},
+		{"no permit's key", "sem2", keys(&mvccpb.KeyValue{Key: []byte("l/b"), Value: []byte("bad"), CreateRevision: 7}), keys(), nil, place{}, errLimit},
+		{"an older key at our revision", "sem2", keys(p("l/b", rev)), keys(), nil, place{}, ErrMalformed},
+
+		// Weights: 3 of 4 permits for our key.
+		{"weight 3: one permit held, 3 fit", "sem4w3", keys(p4("l/b", 7, 1)), keys(), nil, heldAt(seen), nil},
+		{"weight 3: two held, the head", "sem4w3", keys(p4("l/b", 7, 1), p4("l/c", 8, 1)), keys(), nil, head, nil},
+		{"weight 3 behind a waiting weight 4: FIFO, behind the head", "sem4w3", keys(p4("l/b", 7, 1), p4("l/c", 8, 4)), keys(), nil,
+			place{verdict: blocked, seen: seen, watch: "l/c", puts: true}, nil},
+		{"a weight above the limit counts as the limit: it held alone", "sem4w3", keys(p4("l/b", 7, 9)), keys(), nil, head, nil},
+
+		// A limit record rules, whatever the keys say.
+		{"record raises 2 to 3", "sem2", keys(p("l/b", 7), p("l/c", 8)), keys(), record(Limit{N: 3}), heldAt(seen), nil},
+		{"record lowers 2 to 1: the head", "sem2", keys(p("l/b", 7)), keys(), record(Limit{N: 1, Keep: 7}), head, nil},
+		{"record with other limits in the keys: no mismatch", "sem2", keys(permit("l/b", 7, 5, 1)), keys(), record(Limit{N: 2}), heldAt(seen), nil},
+		{"kept keys above a lowered limit hold: new ones wait at the head", "sem2", keys(p("l/b", 7), p("l/c", 8)), keys(), record(Limit{N: 1, Keep: 8}), head, nil},
+		{"kept keys: behind a waiter", "sem2", keys(p("l/b", 7), p("l/c", 8), p("l/d", 9)), keys(), record(Limit{N: 1, Keep: 8}),
+			place{verdict: blocked, seen: seen, watch: "l/d", puts: true}, nil},
+		{"our key kept", "sem2", keys(p("l/b", 7), p("l/c", 8)), keys(), record(Limit{N: 1, Keep: rev}), heldAt(seen), nil},
+		{"a malformed record", "sem2", keys(), keys(), keys(&mvccpb.KeyValue{Key: []byte(LimitKey("l")), Value: []byte("limit=x")}), place{}, ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := rules()["sem2"].placeOlder(ranges(tc.oldestFirst, tc.behind), rev, seen, false)
+			got, err := rules()[tc.rule].placeOlder(ranges(tc.oldestFirst, tc.behind, tc.rec), rev, seen, false)
 			if !errors.Is(err, tc.err) || got != tc.want {
 				t.Errorf("placeOlder = %+v, %v; want %+v, %v", got, err, tc.want, tc.err)
 			}
 		})
+	}
+}
+
+// TestHolders: which keys of a semaphore hold, as Inspect shows them, for
+// every record and weight; the holders are always the oldest keys.
+func TestHolders(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kvs  []*mvccpb.KeyValue
+		rec  []*mvccpb.KeyValue
+		want []bool
+	}{
+		{"limit 2 of the keys", keys(permit("l/a", 5, 2, 1), permit("l/b", 6, 2, 1), permit("l/c", 7, 2, 1)), nil, []bool{true, true, false}},
+		{"weights: 1+2 of 3, then 1 waits", keys(permit("l/a", 5, 3, 1), permit("l/b", 6, 3, 2), permit("l/c", 7, 3, 1)), nil, []bool{true, true, false}},
+		{"FIFO: a weight 3 waits, the 1 behind it too", keys(permit("l/a", 5, 3, 1), permit("l/b", 6, 3, 3), permit("l/c", 7, 3, 1)), nil, []bool{true, false, false}},
+		{"a Mutex's keys: the oldest holds", keys(kv("l/a", 5), kv("l/b", 6)), nil, []bool{true, false}},
+		{"a record of 1 keeping two", keys(permit("l/a", 5, 2, 1), permit("l/b", 6, 2, 1), permit("l/c", 7, 2, 1)), record(Limit{N: 1, Keep: 6}), []bool{true, true, false}},
+		{"a record of 3", keys(permit("l/a", 5, 2, 1), permit("l/b", 6, 2, 1), permit("l/c", 7, 2, 1)), record(Limit{N: 3}), []bool{true, true, true}},
+		{"no key", keys(), record(Limit{N: 3}), []bool{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rec *mvccpb.KeyValue
+			if len(tc.rec) == 1 {
+				rec = tc.rec[0]
+			}
+			if got := Holders(tc.kvs, rec); !slices.Equal(got, tc.want) {
+				t.Errorf("Holders = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestValues: a permit's value and a limit record read back what was
+// written, and refuse what is not theirs.
+func TestValues(t *testing.T) {
+	for _, w := range []int{1, 2, 1000} {
+		limit, weight, id, ok := ParseSemaphoreValue([]byte(SemaphoreValue(4, w, "host-1\nx")))
+		if !ok || limit != 4 || weight != w || id != "host-1\nx" {
+			t.Errorf("weight %d: read back %d, %d, %q, %v", w, limit, weight, id, ok)
+		}
+	}
+	if got := SemaphoreValue(4, 1, "id"); got != "limit=4\nid" {
+		t.Errorf("a single permit's value = %q, want the form every version reads", got)
+	}
+	for _, v := range []string{"", "limit=", "limit=0", "limit=-1", "limit=04", "limit=4;weight=0", "limit=4;weight=x", "limit=4;weight=", "weight=2", "lock"} {
+		if _, _, _, ok := ParseSemaphoreValue([]byte(v)); ok {
+			t.Errorf("ParseSemaphoreValue(%q) ok, want not a permit's", v)
+		}
+	}
+	for _, l := range []Limit{{N: 1}, {N: 7, Keep: 1234}} {
+		if got, ok := ParseLimit([]byte(l.Value())); !ok || got != l {
+			t.Errorf("ParseLimit(%q) = %+v, %v", l.Value(), got, ok)
+		}
+	}
+	for _, v := range []string{"", "limit=0 keep=1", "limit=2", "limit=2 keep=-1", "limit=2 keep=01", "limit=2 keep=x", "2 keep=1"} {
+		if _, ok := ParseLimit([]byte(v)); ok {
+			t.Errorf("ParseLimit(%q) ok, want not a record", v)
+		}
 	}
 }
 
@@ -146,11 +235,15 @@ func TestPlaceFirst(t *testing.T) {
 		{"empty: a key put now holds", "mutex", keys(), heldAt(seen)},
 		{"the oldest is a member: blocked by it", "mutex", keys(kv("l/b", 7)), place{verdict: blocked, seen: seen, watch: "l/b"}},
 		{"the oldest is nested: unread", "mutex", keys(kv("l/x/b", 7)), place{}},
-		{"semaphore: one of two", "sem2", keys(kv("l/b", 7)), heldAt(seen)},
-		{"semaphore: full", "sem2", keys(kv("l/b", 7), kv("l/c", 8)), place{verdict: blocked, seen: seen, watch: "l/", prefix: true}},
+		{"semaphore: one of two", "sem2", keys(permit("l/b", 7, 2, 1)), heldAt(seen)},
+		{"semaphore: full", "sem2", keys(permit("l/b", 7, 2, 1), permit("l/c", 8, 2, 1)), place{verdict: blocked, seen: seen, watch: "l/", prefix: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := rules()[tc.rule].placeFirst(&pb.RangeResponse{Kvs: tc.kvs}, seen)
+			replies := ranges(tc.kvs)
+			if tc.rule == "sem2" {
+				replies = ranges(tc.kvs, keys()) // and no limit record
+			}
+			got, err := rules()[tc.rule].placeFirst(replies, seen)
 			if err != nil || got != tc.want {
 				t.Errorf("placeFirst = %+v, %v; want %+v", got, err, tc.want)
 			}
@@ -159,7 +252,10 @@ func TestPlaceFirst(t *testing.T) {
 	if _, err := rules()["mutex"].placeFirst(nil, seen); !errors.Is(err, ErrMalformed) {
 		t.Errorf("placeFirst(nil) = %v, want ErrMalformed", err)
 	}
-	p, err := rules()["mutex"].placeAll(&pb.RangeResponse{Kvs: keys(kv("l/x/b", 7), kv("l/c", 8))}, seen)
+	if _, err := rules()["sem2"].placeFirst(ranges(keys()), seen); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a semaphore's placeFirst without the record's reply = %v, want ErrMalformed", err)
+	}
+	p, err := rules()["mutex"].placeAll(ranges(keys(kv("l/x/b", 7), kv("l/c", 8))), seen)
 	if want := (place{verdict: blocked, seen: seen, watch: "l/c", watchRev: 8, owner: true}); err != nil || p != want {
 		t.Errorf("placeAll = %+v, %v; want %+v", p, err, want)
 	}

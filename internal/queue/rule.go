@@ -18,17 +18,24 @@ const window = 2
 //   - Mutex: any older key of the lock (limit 0, blocking = the prefix);
 //   - RWMutex writer: any older reader or writer (limit 0);
 //   - RWMutex reader: any older writer (limit 0, blocking = the writers' prefix);
-//   - Semaphore: limit or more older keys (limit n).
+//   - Semaphore: older keys whose weights, with ours, exceed the limit in
+//     force (limit.go).
 type Rule struct {
 	// blocking is the prefix under which lies every key that can block us.
 	blocking string
 	// member reports whether a key under blocking takes part in the queue,
 	// and is not a key of a lock nested under it (D11).
 	member func(key []byte) bool
-	// limit is 0 for a lock and the number of holders for a semaphore.
+	// limit is 0 for a lock and, for a semaphore, the limit while no limit
+	// record says another.
 	limit int
-	// accept checks an older key's value (a semaphore's limit); nil: values
-	// are not read.
+	// weight is how many permits our key takes (a semaphore's).
+	weight int
+	// limitKey is the key of a semaphore's limit record; "" for a lock.
+	limitKey string
+	// accept is the error of an older key's value that is no permit's, or
+	// that carries another limit while no record says the limit (a
+	// semaphore's); nil: values are not read.
 	accept func(value []byte) error
 	// busy: the last try with this rule found the queue blocked.
 	busy atomic.Bool
@@ -48,11 +55,16 @@ func Lock(blocking string, prefixes ...string) *Rule {
 	}}
 }
 
-// Semaphore returns the rule of a semaphore of limit holders whose keys lie
-// directly under pfx: limit older keys block. accept checks each older
-// key's value, and its error ends the acquisition.
-func Semaphore(pfx string, limit int, accept func(value []byte) error) *Rule {
-	return &Rule{blocking: pfx, limit: limit, accept: accept, member: func(key []byte) bool { return IsMember(pfx, key) }}
+// Semaphore returns the rule of a key of weight permits in the semaphore
+// called name, whose keys lie directly under name + "/": older keys block
+// it when their weights and its own exceed the limit in force, that of the
+// record at LimitKey(name) or else limit (limit.go). accept gives the error
+// of an older key that is no permit's, or carries another limit while no
+// record says the limit; it ends the acquisition.
+func Semaphore(name string, limit, weight int, accept func(value []byte) error) *Rule {
+	pfx := name + "/"
+	return &Rule{blocking: pfx, limit: limit, weight: weight, limitKey: LimitKey(name), accept: accept,
+		member: func(key []byte) bool { return IsMember(pfx, key) }}
 }
 
 // IsMember reports whether key is a waiter's or holder's key of the lock
@@ -67,7 +79,7 @@ func IsMember(pfx string, key []byte) bool {
 // the place of a key just put.
 func (r *Rule) newest() []clientv3.Op {
 	if r.limit > 0 {
-		return r.all(0)
+		return r.every()
 	}
 	// Our new key is the newest in etcd, so the newest keys under the
 	// prefix are ours, usually our predecessor, and the one before it, if
@@ -76,14 +88,38 @@ func (r *Rule) newest() []clientv3.Op {
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))}
 }
 
-// oldest returns the Op that reads what blocks a key put now, when a try
+// oldest returns the Ops that read what blocks a key put now, when a try
 // finds the queue not empty: for a lock, the oldest key; for a semaphore,
-// every key.
-func (r *Rule) oldest() clientv3.Op {
+// every key and the limit record.
+func (r *Rule) oldest() []clientv3.Op {
 	if r.limit > 0 {
-		return r.all(0)[0]
+		return r.every()
 	}
-	return clientv3.OpGet(r.blocking, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
+	return []clientv3.Op{clientv3.OpGet(r.blocking, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)}
+}
+
+// every returns the Ops that read every key of the queue, oldest first,
+// and a semaphore's limit record.
+func (r *Rule) every() []clientv3.Op {
+	if r.limit > 0 {
+		return append(r.all(0), r.record())
+	}
+	return r.all(0)
+}
+
+// record returns the Op that reads a semaphore's limit record.
+func (r *Rule) record() clientv3.Op { return clientv3.OpGet(r.limitKey) }
+
+// unchangedSince returns the compares that nothing that decides the place
+// of a key put now changed after revision seen: no key was put under the
+// prefix, and (a semaphore) the limit record was not written. Keys that go
+// only ever free a place.
+func (r *Rule) unchangedSince(seen int64) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.blocking), "<", seen+1).WithPrefix()}
+	if r.limit > 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(r.limitKey), "<", seen+1))
+	}
+	return cmps
 }
 
 // all returns the Op that reads every key under the prefix created before
@@ -112,7 +148,7 @@ func (r *Rule) older(rev int64, full bool) []clientv3.Op {
 	switch {
 	case r.limit > 0:
 		return append(r.all(rev), clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-			clientv3.WithMinCreateRev(rev+1), clientv3.WithLimit(1)))
+			clientv3.WithMinCreateRev(rev+1), clientv3.WithLimit(1)), r.record())
 	case full:
 		return r.all(rev)
 	}

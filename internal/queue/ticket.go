@@ -446,11 +446,13 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 	}()
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
-	unchanged := make([]clientv3.Cmp, len(t.group))
+	// The first Txn assumes every queue empty: a key alone holds, whatever
+	// the limit (limit.go).
+	var unchanged []clientv3.Cmp
 	readFirst := false
 	var blockers []clientv3.Op
-	for i, m := range t.group {
-		unchanged[i] = clientv3.Compare(clientv3.CreateRevision(m.rule.blocking), "=", 0).WithPrefix()
+	for _, m := range t.group {
+		unchanged = append(unchanged, clientv3.Compare(clientv3.CreateRevision(m.rule.blocking), "=", 0).WithPrefix())
 		readFirst = readFirst || m.rule.busy.Load()
 		blockers = append(blockers, m.blockers()...)
 	}
@@ -498,22 +500,25 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 		}
 		ps := make([]place, len(t.group))
 		free := true
+		replies := resp.Responses
 		for i, m := range t.group {
-			p, adopt, err := m.blocked(ctx, resp.Responses[2*i:2*i+2], resp.Header.Revision)
+			n := len(m.blockers())
+			p, adopt, err := m.blocked(ctx, replies[:n], resp.Header.Revision)
 			switch {
 			case adopt:
 				return t.enqueue(ctx)
 			case err != nil:
 				return nil, err
 			}
-			ps[i] = p
+			ps[i], replies = p, replies[n:]
 			free = free && p.verdict == held
 		}
 		if !free {
 			return ps, nil
 		}
+		unchanged = unchanged[:0]
 		for i, m := range t.group {
-			unchanged[i] = clientv3.Compare(clientv3.CreateRevision(m.rule.blocking), "<", ps[i].seen+1).WithPrefix()
+			unchanged = append(unchanged, m.rule.unchangedSince(ps[i].seen)...)
 		}
 	}
 }
@@ -521,7 +526,7 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 // blockers are the Ops of a try that read our key and what blocks a key put
 // now.
 func (t *Ticket) blockers() []clientv3.Op {
-	return []clientv3.Op{clientv3.OpGet(t.key, clientv3.WithKeysOnly()), t.rule.oldest()}
+	return append([]clientv3.Op{clientv3.OpGet(t.key, clientv3.WithKeysOnly())}, t.rule.oldest()...)
 }
 
 // blocked reads the replies of blockers, read at revision seen: the place a
@@ -535,7 +540,7 @@ func (t *Ticket) blocked(ctx context.Context, replies []*pb.ResponseOp, seen int
 	if len(mine.Kvs) > 0 {
 		return place{}, true, nil
 	}
-	p, err = t.rule.placeFirst(replies[1].GetResponseRange(), seen)
+	p, err = t.rule.placeFirst(replies[1:], seen)
 	if err == nil && p.verdict == unread {
 		// A nested key came first (D11): read every key.
 		p, err = t.readAll(ctx)
@@ -635,12 +640,13 @@ func (t *Ticket) read(ctx context.Context) (place, error) {
 // readAll reads the place a key put now would have, from every key of the
 // queue; the place's seen is the revision of the read.
 func (t *Ticket) readAll(ctx context.Context) (place, error) {
-	resp, err := t.c.KV.Get(ctx, t.rule.blocking, t.rule.allOptions(0)...)
+	ops := t.rule.every()
+	resp, err := t.c.KV.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return place{}, err
 	}
-	if resp == nil || resp.Header == nil {
+	if resp == nil || resp.Header == nil || len(resp.Responses) != len(ops) {
 		return place{}, ErrMalformed
 	}
-	return t.rule.placeAll((*pb.RangeResponse)(resp), resp.Header.Revision)
+	return t.rule.placeAll(resp.Responses, resp.Header.Revision)
 }

@@ -42,12 +42,28 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 	for p.verdict == blocked {
 		bctx, stop := context.WithCancel(wctx)
 		wch := t.watch(bctx, p)
+		var limit clientv3.WatchChan
+		if p.prefix {
+			// The head of a semaphore's queue: a raised limit admits it
+			// too. Watched from the read, so that a change in between
+			// counts.
+			limit = t.c.Watcher.Watch(bctx, t.rule.limitKey, clientv3.WithRev(p.seen+1))
+		}
 		next := place{verdict: unchanged}
 		var err error
 		for next.verdict == unchanged && err == nil {
 			select {
 			case wr, ok := <-wch:
 				next, err = t.woken(ctx, p, wr, ok)
+			case wr, ok := <-limit:
+				if !ok {
+					limit = nil // the safety net's reads still see it
+					break
+				}
+				if len(After(wr.Events, p.seen)) > 0 || wr.Err() != nil {
+					next, err = t.read(ctx)
+					next = changed(p, next)
+				}
 			case wr, ok := <-own:
 				if !ok {
 					own = nil // the safety net's reads still see our key go

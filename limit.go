@@ -1,0 +1,178 @@
+package etcdlock
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/etcdlock/etcdlock/internal/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A limit that changes: a Semaphore's limit in force is its name's limit
+// record, once one is written, whatever limit its holders were made with
+// (internal/queue/limit.go).
+
+// maxLimitKeys is the most keys (holders, and the first waiter) a SetLimit
+// guards in its Txn: etcd's default --max-txn-ops is 128.
+const maxLimitKeys = 120
+
+// SetLimit records limit as the limit of the semaphore called name: from the
+// revision it is written, every Semaphore of that name, made with any
+// limit, admits keys while their permits fit within it. Holders above a
+// lowered limit keep their permits: they are recorded as kept, and new
+// acquisitions wait until the permits held fit within the new limit. A
+// raised limit admits waiters at once: the head of the queue watches the
+// record.
+//
+// It is a read and one Txn that writes only if the queue's holders are
+// still those read: under churn it reads again, until ctx ends. The record
+// has no lease: it stays until deleted by hand, and deleting it gives the
+// holders' own limit back and takes no permit back, so that holders kept
+// above that limit then count as over it. Every holder must run a version
+// that reads the record (v1.1 or later); an older one counts with its own
+// limit.
+//
+// It returns ErrInvalidName for the empty name; ErrInvalidArgument, wrapped,
+// for a nil context or client or a limit below 1; ErrLimitMismatch, wrapped,
+// when no limit is recorded and the queue's keys are not all permits of one
+// limit (a Mutex's, or Semaphores made with different limits), or when more
+// than 119 keys hold; etcd's error, wrapped, where the record may or may not
+// have been written (ReadLimit tells).
+func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) error {
+	switch {
+	case ctx == nil:
+		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
+	case client == nil:
+		return fmt.Errorf("%w: nil client", ErrInvalidArgument)
+	case name == "":
+		return ErrInvalidName
+	case limit < 1:
+		return errorf("set limit", name, fmt.Errorf("%w: a Semaphore's limit must be at least 1, got %d", ErrInvalidArgument, limit))
+	}
+	retry := newBackoff()
+	for {
+		done, err := trySetLimit(ctx, client, name, limit)
+		switch {
+		case err != nil:
+			return errorf("set limit", name, err)
+		case done:
+			return nil
+		}
+		// The queue changed between the read and the write: again.
+		if err := retry.wait(ctx); err != nil {
+			return errorf("set limit", name, err)
+		}
+	}
+}
+
+// trySetLimit reads the queue of name and writes its limit record, keeping
+// its holders, unless the queue changed since the read: false then.
+func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) (bool, error) {
+	pfx, key := name+"/", queue.LimitKey(name)
+	kvs, rec, rev, err := readKeys(ctx, client, name, true)
+	if err != nil {
+		return false, err
+	}
+	members := permitsOf(pfx, kvs)
+	if err := oneLimit(name, members, rec); err != nil {
+		return false, err
+	}
+	// Guard the holders and the first waiter: they are the keys whose
+	// leaving would admit one more under the old limit.
+	var keep, recRev int64
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(pfx), "<", rev+1).WithPrefix()}
+	if rec != nil {
+		recRev = rec.ModRevision
+	}
+	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", recRev))
+	for i, holds := range queue.Holders(members, rec) {
+		cmps = append(cmps, ownerCmp(string(members[i].Key), members[i].CreateRevision))
+		if !holds {
+			break
+		}
+		keep = members[i].CreateRevision
+	}
+	if len(cmps) > maxLimitKeys+2 {
+		return false, fmt.Errorf("%w: %d keys hold or wait first: more than one Txn can guard", ErrLimitMismatch, len(cmps)-2)
+	}
+	txn, err := client.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, queue.Limit{N: limit, Keep: keep}.Value())).Commit()
+	switch {
+	case err != nil:
+		return false, err
+	case txn == nil:
+		return false, errMalformed
+	}
+	return txn.Succeeded, nil
+}
+
+// oneLimit returns ErrLimitMismatch, wrapped, if no record rec says the
+// limit of name and its keys are not all permits of one limit.
+func oneLimit(name string, members []*mvccpb.KeyValue, rec *mvccpb.KeyValue) error {
+	if rec != nil {
+		if _, ok := queue.ParseLimit(rec.Value); !ok {
+			return fmt.Errorf("%w: the limit record of %q reads %q", errMalformed, name, rec.Value)
+		}
+		return nil
+	}
+	first := 0
+	for _, kv := range members {
+		limit, _, _, ok := queue.ParseSemaphoreValue(kv.Value)
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: %q has a key that is no permit's: %s", ErrLimitMismatch, name, kv.Key)
+		case first == 0:
+			first = limit
+		case limit != first:
+			return fmt.Errorf("%w: holders of %q have limits %d and %d", ErrLimitMismatch, name, first, limit)
+		}
+	}
+	return nil
+}
+
+// ReadLimit returns the limit in force of the semaphore called name: its
+// record's (SetLimit), else the limit its oldest key was made with, else 0
+// (no record, and no permit's key: the next acquisition's own limit). It is
+// one read,
+// and writes nothing; it returns Inspect's errors.
+func ReadLimit(ctx context.Context, client *clientv3.Client, name string) (int, error) {
+	switch {
+	case ctx == nil:
+		return 0, fmt.Errorf("%w: nil context", ErrInvalidArgument)
+	case client == nil:
+		return 0, fmt.Errorf("%w: nil client", ErrInvalidArgument)
+	case name == "":
+		return 0, ErrInvalidName
+	}
+	kvs, rec, _, err := readKeys(ctx, client, name, true)
+	if err != nil {
+		return 0, errorf("read limit", name, err)
+	}
+	if rec != nil {
+		l, ok := queue.ParseLimit(rec.Value)
+		if !ok {
+			return 0, errorf("read limit", name, errMalformed)
+		}
+		return l.N, nil
+	}
+	if members := permitsOf(name+"/", kvs); len(members) > 0 {
+		limit, _, _, _ := queue.ParseSemaphoreValue(members[0].Value)
+		return limit, nil
+	}
+	return 0, nil
+}
+
+// permitsOf returns the keys of kvs in the queue with prefix pfx (not a
+// nested lock's), oldest first.
+func permitsOf(pfx string, kvs []*mvccpb.KeyValue) []*mvccpb.KeyValue {
+	var members []*mvccpb.KeyValue
+	for _, kv := range kvs {
+		if queue.IsMember(pfx, kv.Key) {
+			members = append(members, kv)
+		}
+	}
+	slices.SortFunc(members, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
+	return members
+}
