@@ -85,12 +85,12 @@ func follow[T any](ctx context.Context, client *clientv3.Client, name string, vi
 // A follower keeps the keys of one lock's queues, as of a revision, from
 // reads and a watch, and sends their views.
 type follower[T any] struct {
-	client   *clientv3.Client
-	pfx      string
-	name     string
-	keys     map[string]*mvccpb.KeyValue // the queues' keys, as of rev
-	rec      *mvccpb.KeyValue            // a Semaphore's limit record, as of the last read (not watched); nil if none
-	rev      int64                       // 0 before the first read
+	client *clientv3.Client
+	pfx    string
+	name   string
+	keys   map[string]*mvccpb.KeyValue // the queues' keys, as of rev
+	rec    *mvccpb.KeyValue            // a Semaphore's limit record, as of the last read (not watched); nil if none
+	rev    int64                       // 0 before the first read
 
 	view func([]QueueEntry) T
 	same func(a, b []QueueEntry) bool
