@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -52,8 +54,7 @@ func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit i
 	case limit < 1:
 		return errorf("set limit", name, fmt.Errorf("%w: a Semaphore's limit must be at least 1, got %d", ErrInvalidArgument, limit))
 	}
-	retry := newBackoff()
-	for {
+	for tries := 1; ; tries++ {
 		done, err := trySetLimit(ctx, client, name, limit)
 		switch {
 		case err != nil:
@@ -61,9 +62,14 @@ func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit i
 		case done:
 			return nil
 		}
-		// The queue changed between the read and the write: again.
-		if err := retry.wait(ctx); err != nil {
-			return errorf("set limit", name, err)
+		// The queue changed between the read and the write: read again,
+		// after a pause of a few milliseconds at random, so that two
+		// calls do not keep colliding, but short, as a queue that
+		// churns is quiet mostly for a moment.
+		select {
+		case <-time.After(time.Duration(rand.Int64N(int64(min(tries, 10)) * int64(time.Millisecond)))):
+		case <-ctx.Done():
+			return errorf("set limit", name, ctx.Err())
 		}
 	}
 }

@@ -17,7 +17,8 @@ import (
 )
 
 // The fault matrix of the calls for the people on call (release.go,
-// maxhold.go, waiting.go, lockdelay.go) and of CheckFence (fence.go): each call, each fault it can suffer, injected by a
+// maxhold.go, waiting.go, lockdelay.go), of CheckFence (fence.go) and of a
+// Semaphore's limit (limit.go): each call, each fault it can suffer, injected by a
 // seam (seams_test.go) on the client that makes it, and judged in etcd: whose
 // keys are there, with which tokens, and who holds.
 //
@@ -45,6 +46,9 @@ var oncallCalls = []oncallCall{
 	{"lock-delay-read", callHistory, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
 	{"lock-delay-lease", callLeaseTTL, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
 	{"check-fence", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).checkFence},
+	{"set-limit", callSetLimit, txnFaults, (*oncallCase).setLimit},
+	{"set-limit-read", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).setLimit},
+	{"limit-watch", callLimitWatch, []fault{faultLagging, faultEvent}, (*oncallCase).limitWatch},
 }
 
 // oncallCap is the cap of the capped holds of the cases.
@@ -58,7 +62,7 @@ func TestOnCallFaultMatrix(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%s", c.name, f), func(t *testing.T) {
 				t.Parallel()
 				oc := &oncallCase{t: t, srv: srv, healthy: healthy, name: lockName(t), sm: newSeam(c.seamAt, f, 1)}
-				oc.sm.lagFrom = map[call]int64{callOwnWatch: 1}
+				oc.sm.lagFrom = map[call]int64{callOwnWatch: 1, callLimitWatch: 1}
 				t.Cleanup(oc.sm.late.Wait)
 				c.run(oc)
 			})
@@ -398,4 +402,104 @@ func (oc *oncallCase) lockDelay() {
 	if err := waiter.Release(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// setLimit: SetLimit's read or its guarded write, faulted, lowering limit 2
+// to 1 under two holders and a waiter; faultDeleted and faultRevoked end the
+// first holder just before the write, which admits the waiter. Whatever the
+// fault, etcd ends with no record or the right one: every permit that holds
+// keeps holding (the admitted waiter too: a record that kept only the holders
+// read would take its permit back), and a healthy SetLimit then settles it.
+func (oc *oncallCase) setLimit() {
+	t := oc.t
+	ctx := testContext(t)
+	const limit = 2
+	sem := func() *etcdlock.Semaphore {
+		return etcdlock.NewSemaphore(newSession(t, oc.healthy, etcdlock.WithTTL(matrixTTL)), oc.name, limit)
+	}
+	var holders []*etcdlock.Permit
+	for range limit {
+		p, err := sem().Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, p)
+	}
+	waiter := acquireInGoroutine(ctx, sem())
+	eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, oc.healthy, oc.name)) == limit+1 })
+	oc.sm.hand = func(fault) { release(t, holders[0]) }
+	setter := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	oc.sm.enter(phaseHold, cancel)
+	err := etcdlock.SetLimit(sctx, setter, oc.name, 1)
+	cancel()
+	t.Logf("SetLimit, faulted: %v", err)
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	oc.sm.settle()
+
+	held, ended := holders, oc.sm.fault == faultDeleted || oc.sm.fault == faultRevoked
+	if ended {
+		held = []*etcdlock.Permit{holders[1], admitted(t, waiter)}
+	}
+	if err := etcdlock.SetLimit(testContext(t), oc.healthy, oc.name, 1); err != nil {
+		t.Fatalf("SetLimit once healthy: %v", err)
+	}
+	if n, err := etcdlock.ReadLimit(testContext(t), oc.healthy, oc.name); err != nil || n != 1 {
+		t.Fatalf("ReadLimit: got %d, %v, want 1", n, err)
+	}
+	for _, p := range held {
+		if err := etcdlock.CheckFence(testContext(t), oc.healthy, p.Fence()); err != nil {
+			t.Fatalf("a permit that held before SetLimit, after it: %v (record %q)", err, limitRecord(t, oc.healthy, oc.name))
+		}
+	}
+	for _, p := range held {
+		release(t, p)
+	}
+	if !ended {
+		p := admitted(t, waiter) // every kept permit gone: the waiter fits
+		release(t, p)
+	}
+	if keys := lockKeys(t, oc.healthy, oc.name); len(keys) != 0 {
+		t.Fatalf("keys left: %q", keys)
+	}
+}
+
+// limitWatch: the head waiter's watch of the limit record, served by a
+// member that lags (it delivers the record's older writes) or losing its
+// first events: the waiter is not admitted by an old write, and is
+// admitted by the raise, at once or at its read per TTL.
+func (oc *oncallCase) limitWatch() {
+	t := oc.t
+	ctx := testContext(t)
+	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 1); err != nil { // an older write the lagging watch replays
+		t.Fatal(err)
+	}
+	holder, err := etcdlock.NewSemaphore(newSession(t, oc.healthy), oc.name, 1).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	oc.sm.enter(phaseHold, nil)
+	waiter := acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(matrixTTL)), oc.name, 1))
+	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
+	if !waiting(waiter, 300*time.Millisecond) {
+		t.Fatal("the waiter got in at limit 1, under a holder")
+	}
+	start := time.Now()
+	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 2); err != nil {
+		t.Fatal(err)
+	}
+	p := admitted(t, waiter)
+	bound := doneBound
+	if oc.sm.fault == faultEvent {
+		bound = 2 * (matrixTTL + time.Second) // the read per TTL
+	}
+	checkBound(t, "the head waiter admitted after the raise", time.Since(start), bound)
+	if err := etcdlock.CheckFence(ctx, oc.healthy, p.Fence()); err != nil {
+		t.Fatalf("the admitted waiter in etcd: %v", err)
+	}
+	release(t, p)
+	release(t, holder)
 }

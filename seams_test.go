@@ -7,6 +7,7 @@ package etcdlock_test
 import (
 	"context"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,24 +23,26 @@ import (
 type call string
 
 const (
-	callGrant      call = "grant"      // the grant of a lease: Lead's Session's, or a renewing Session's next
-	callEnqueue    call = "enqueue"    // the Txn that puts our key and reads its place
-	callRequeue    call = "requeue"    // the enqueue after our key was deleted while we waited
-	callTry        call = "try"        // a try's Txn that puts our key only if nothing blocks it
-	callTryRead    call = "try-read"   // a try's read-only Txn, after a try found the queue blocked
-	callRead       call = "read"       // the read of our place, guarded by our key
-	callCheck      call = "check"      // the post-watch check: is the key we watch still there
-	callPromote    call = "promote"    // a semaphore's wake-up write to the key behind ours
-	callCleanup    call = "cleanup"    // the delete of a failed acquisition's key
-	callRelease    call = "release"    // the release's fenced delete
-	callBackground call = "background" // a background retry of a delete
-	callWatch      call = "watch"      // the wait's watch of what blocks us
-	callOwnWatch   call = "own-watch"  // the wait's watch of our own key
-	callLossWatch  call = "loss-watch" // the loss monitor's watch of a held key
-	callKeepAlive  call = "keepalive"  // the lease's keep-alive
-	callHistory    call = "history"    // a read at a past revision: lock-delay's read of the queue as our key found it
-	callLeaseTTL   call = "lease-ttl"  // a lease's time to live: lock-delay's question, whether a lease ahead is gone
-	callQueueRead  call = "queue-read" // a read of a lock's queue at the current revision: CheckFence's
+	callGrant      call = "grant"       // the grant of a lease: Lead's Session's, or a renewing Session's next
+	callEnqueue    call = "enqueue"     // the Txn that puts our key and reads its place
+	callRequeue    call = "requeue"     // the enqueue after our key was deleted while we waited
+	callTry        call = "try"         // a try's Txn that puts our key only if nothing blocks it
+	callTryRead    call = "try-read"    // a try's read-only Txn, after a try found the queue blocked
+	callRead       call = "read"        // the read of our place, guarded by our key
+	callCheck      call = "check"       // the post-watch check: is the key we watch still there
+	callPromote    call = "promote"     // a semaphore's wake-up write to the key behind ours
+	callCleanup    call = "cleanup"     // the delete of a failed acquisition's key
+	callRelease    call = "release"     // the release's fenced delete
+	callBackground call = "background"  // a background retry of a delete
+	callWatch      call = "watch"       // the wait's watch of what blocks us
+	callOwnWatch   call = "own-watch"   // the wait's watch of our own key
+	callLossWatch  call = "loss-watch"  // the loss monitor's watch of a held key
+	callKeepAlive  call = "keepalive"   // the lease's keep-alive
+	callHistory    call = "history"     // a read at a past revision: lock-delay's read of the queue as our key found it
+	callLeaseTTL   call = "lease-ttl"   // a lease's time to live: lock-delay's question, whether a lease ahead is gone
+	callQueueRead  call = "queue-read"  // a read of a lock's queue at the current revision: CheckFence's; with a Semaphore's limit record: SetLimit's, ReadLimit's
+	callSetLimit   call = "set-limit"   // SetLimit's write of the limit record, guarded by the holders read
+	callLimitWatch call = "limit-watch" // a Semaphore's head waiter's watch of the limit record
 )
 
 // A fault is what the matrix does to one call.
@@ -147,6 +150,9 @@ func (s *seam) granted() []clientv3.LeaseID {
 	return append([]clientv3.LeaseID(nil), s.leases...)
 }
 
+// limitRecordPrefix begins the key of a Semaphore's limit record.
+const limitRecordPrefix = "etcdlock.limit."
+
 // classify names a unary call by its request's shape.
 func classify(method string, req any) (call, bool) {
 	switch method {
@@ -168,7 +174,14 @@ func classify(method string, req any) (call, bool) {
 	}
 	txn := req.(*pb.TxnRequest)
 	var puts, deletes, ranges, prefixRanges int
+	limitRead := false
 	for _, op := range txn.Success {
+		switch {
+		case op.GetRequestPut() != nil && strings.HasPrefix(string(op.GetRequestPut().Key), limitRecordPrefix):
+			return callSetLimit, true
+		case op.GetRequestRange() != nil && strings.HasPrefix(string(op.GetRequestRange().Key), limitRecordPrefix):
+			limitRead = true
+		}
 		switch {
 		case op.GetRequestPut() != nil:
 			puts++
@@ -201,6 +214,8 @@ func classify(method string, req any) (call, bool) {
 		return callPromote, true
 	case puts > 0 && absentCmp:
 		return callEnqueue, true // or requeue: by count
+	case len(txn.Compare) == 0 && puts == 0 && limitRead && ranges == 2:
+		return callQueueRead, true // a Semaphore's queue and its limit record
 	case len(txn.Compare) == 0 && puts == 0:
 		return callTryRead, true
 	case revCmp && prefixRanges > 0:
@@ -361,7 +376,10 @@ func (w *seamWatch) SendMsg(m any) error {
 		return w.ClientStream.SendMsg(m)
 	}
 	c := callOwnWatch
-	if w.s.holder != nil && !w.s.inSetup() && w.s.holder(string(cr.Key)) {
+	switch {
+	case strings.HasPrefix(string(cr.Key), limitRecordPrefix):
+		c = callLimitWatch
+	case w.s.holder != nil && !w.s.inSetup() && w.s.holder(string(cr.Key)):
 		c = callLossWatch
 	}
 	if cr.StartRevision == 0 {

@@ -1,0 +1,256 @@
+package etcdlock_test
+
+// A Semaphore's limit that changes (SetLimit, ReadLimit), judged in etcd:
+// the record's key, the keys that hold, who gets in.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
+)
+
+// limitRecord returns the value of name's limit record in etcd, "" if none.
+func limitRecord(t *testing.T, client *clientv3.Client, name string) string {
+	t.Helper()
+	resp, err := client.Get(testContext(t), "etcdlock.limit."+name)
+	if err != nil {
+		t.Fatalf("read the limit record: %v", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
+}
+
+// holdersIn returns the keys Inspect says hold.
+func holdersIn(t *testing.T, client *clientv3.Client, name string) []string {
+	t.Helper()
+	q, err := etcdlock.Inspect(testContext(t), client, name)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	var keys []string
+	for _, e := range q {
+		if e.Holds {
+			keys = append(keys, e.Key)
+		}
+	}
+	return keys
+}
+
+// TestSetLimitLower: holders above a lowered limit keep their permits (in
+// etcd: they hold, their fences check); a new acquisition waits until the
+// permits held fit within the new limit.
+func TestSetLimitLower(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	var held []*etcdlock.Permit
+	for range 3 {
+		p, err := etcdlock.NewSemaphore(newSession(t, client), name, 3).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	if n, err := etcdlock.ReadLimit(ctx, client, name); err != nil || n != 3 {
+		t.Errorf("ReadLimit before: got %d, %v, want 3 (the holders')", n, err)
+	}
+	if err := etcdlock.SetLimit(ctx, client, name, 1); err != nil {
+		t.Fatalf("SetLimit(1): %v", err)
+	}
+	if n, err := etcdlock.ReadLimit(ctx, client, name); err != nil || n != 1 {
+		t.Errorf("ReadLimit after: got %d, %v, want 1", n, err)
+	}
+	if rec := limitRecord(t, client, name); rec == "" {
+		t.Fatal("no limit record in etcd")
+	} else {
+		t.Logf("record: %q", rec)
+	}
+	if got := holdersIn(t, client, name); len(got) != 3 {
+		t.Errorf("holders after lowering: got %q, want the 3 kept", got)
+	}
+	for _, p := range held {
+		if err := etcdlock.CheckFence(ctx, client, p.Fence()); err != nil {
+			t.Errorf("CheckFence of a kept permit: %v", err)
+		}
+		if isClosed(p.Done()) {
+			t.Error("a kept permit's Done closed")
+		}
+	}
+	newcomer := acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client), name, 3))
+	for i, p := range held {
+		if !waiting(newcomer, 300*time.Millisecond) {
+			t.Fatalf("a new acquisition got in with %d kept permits held, limit 1", len(held)-i)
+		}
+		release(t, p)
+	}
+	p := admitted(t, newcomer)
+	if got := holdersIn(t, client, name); len(got) != 1 || got[0] != p.Key() {
+		t.Errorf("holders: got %q, want only %q", got, p.Key())
+	}
+	release(t, p)
+}
+
+// TestSetLimitRaise: a raised limit admits the waiters at once, the head by
+// its watch of the record and the next by the head's wake-up (a TTL of a
+// minute: no safety re-read comes in time); a Semaphore made with another
+// limit is no mismatch once a limit is recorded.
+func TestSetLimitRaise(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	sem := func(limit int) *etcdlock.Semaphore {
+		return etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(time.Minute)), name, limit)
+	}
+	holder, err := sem(1).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := acquireInGoroutine(ctx, sem(1))
+	eventually(t, "the first waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+	b := acquireInGoroutine(ctx, sem(1))
+	eventually(t, "the second waiter's key", func() bool { return len(lockKeys(t, client, name)) == 3 })
+	if !waiting(a, 200*time.Millisecond) || !waiting(b, 0) {
+		t.Fatal("a waiter got in at limit 1")
+	}
+	start := time.Now()
+	if err := etcdlock.SetLimit(ctx, client, name, 3); err != nil {
+		t.Fatalf("SetLimit(3): %v", err)
+	}
+	pa, pb := admitted(t, a), admitted(t, b)
+	checkBound(t, "both waiters admitted after the raise", time.Since(start), doneBound)
+	if got := holdersIn(t, client, name); len(got) != 3 {
+		t.Errorf("holders: got %q, want 3", got)
+	}
+	// Another limit is no mismatch under a record.
+	p, err := sem(7).TryAcquire(ctx, 0)
+	if !errors.Is(err, etcdlock.ErrNoPermit) {
+		t.Errorf("a fourth, made with limit 7, at recorded limit 3: got %v, %v, want ErrNoPermit", p, err)
+	}
+	for _, p := range []*etcdlock.Permit{holder, pa, pb} {
+		release(t, p)
+	}
+}
+
+// TestSetLimitBadInput: bad input is an error that writes nothing; a queue
+// that is no Semaphore's, or whose holders disagree on the limit, is
+// ErrLimitMismatch.
+func TestSetLimitBadInput(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	for _, tc := range []struct {
+		what   string
+		ctx    context.Context
+		client *clientv3.Client
+		name   string
+		limit  int
+		want   error
+	}{
+		{"nil context", nil, client, name, 2, etcdlock.ErrInvalidArgument},
+		{"nil client", ctx, nil, name, 2, etcdlock.ErrInvalidArgument},
+		{"empty name", ctx, client, "", 2, etcdlock.ErrInvalidName},
+		{"limit 0", ctx, client, name, 0, etcdlock.ErrInvalidArgument},
+		{"limit -1", ctx, client, name, -1, etcdlock.ErrInvalidArgument},
+	} {
+		if err := etcdlock.SetLimit(tc.ctx, tc.client, tc.name, tc.limit); !errors.Is(err, tc.want) {
+			t.Errorf("SetLimit, %s: got %v, want %v", tc.what, err, tc.want)
+		}
+	}
+	if _, err := etcdlock.ReadLimit(nil, client, name); !errors.Is(err, etcdlock.ErrInvalidArgument) { //nolint:staticcheck // a nil context on purpose
+		t.Errorf("ReadLimit(nil ctx): got %v, want ErrInvalidArgument", err)
+	}
+	if n, err := etcdlock.ReadLimit(ctx, client, name); err != nil || n != 0 {
+		t.Errorf("ReadLimit of nothing: got %d, %v, want 0, nil", n, err)
+	}
+
+	m := etcdlock.NewMutex(newSession(t, client), name)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdlock.SetLimit(ctx, client, name, 2); !errors.Is(err, etcdlock.ErrLimitMismatch) {
+		t.Errorf("SetLimit on a Mutex's queue: got %v, want ErrLimitMismatch", err)
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := limitRecord(t, client, name); rec != "" {
+		t.Errorf("a record after refused calls: %q", rec)
+	}
+}
+
+// TestSetLimitChurn: the limit changes while Sessions take and give back
+// permits: every permit given holds in etcd at that moment, the permits
+// held never exceed the highest limit set, and at the end, at the last
+// limit, the queue drains and a whole limit is given.
+func TestSetLimitChurn(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	const workers, most = 4, 3
+	var inUse, peak, given atomic.Int64
+	running := atomic.Bool{}
+	running.Store(true)
+	var wg sync.WaitGroup
+	for range workers {
+		sem := etcdlock.NewSemaphore(newSession(t, client), name, 2)
+		wg.Go(func() {
+			for running.Load() {
+				p, err := sem.Acquire(ctx)
+				if err != nil {
+					t.Errorf("Acquire: %v", err)
+					return
+				}
+				given.Add(1)
+				if err := etcdlock.CheckFence(ctx, client, p.Fence()); err != nil {
+					t.Errorf("a permit given does not hold in etcd: %v", err)
+				}
+				n := inUse.Add(1)
+				for m := peak.Load(); n > m && !peak.CompareAndSwap(m, n); m = peak.Load() {
+				}
+				time.Sleep(2 * time.Millisecond)
+				inUse.Add(-1)
+				if err := p.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	for _, limit := range []int{1, most, 2, 1, most, 1, 2} {
+		if err := etcdlock.SetLimit(ctx, client, name, limit); err != nil {
+			t.Fatalf("SetLimit(%d): %v", limit, err)
+		}
+		time.Sleep(60 * time.Millisecond)
+	}
+	running.Store(false)
+	wg.Wait()
+	t.Logf("%d permits given; at most %d held at once (highest limit %d)", given.Load(), peak.Load(), most)
+	if peak.Load() > most {
+		t.Errorf("%d permits held at once, above every limit set", peak.Load())
+	}
+	if keys := lockKeys(t, client, name); len(keys) != 0 {
+		t.Errorf("keys left: %q", keys)
+	}
+	p, err := etcdlock.NewSemaphore(newSession(t, client), name, 9).AcquireN(ctx, 2)
+	if err != nil {
+		t.Fatalf("AcquireN(2) at the last limit: %v", err)
+	}
+	if got := holdersIn(t, client, name); len(got) != 1 {
+		t.Errorf("holders: got %q", got)
+	}
+	release(t, p)
+}
