@@ -69,6 +69,74 @@ func ExampleSemaphore() {
 	// third export after a release: true
 }
 
+func ExampleSemaphore_AcquireN() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	s, _ := etcdlock.NewSession(client)
+	defer s.Close()
+	ctx := context.Background()
+
+	// 8 GiB of memory for the builds of every machine, in 1 GiB permits.
+	memory := etcdlock.NewSemaphore(s, "build-memory", 8)
+	small, err := memory.AcquireN(ctx, 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("small build holds", small.Weight(), "GiB")
+	if _, err := memory.TryAcquireN(ctx, 6, 0); errors.Is(err, etcdlock.ErrNoPermit) {
+		fmt.Println("large build: 6 GiB are not free")
+	}
+	if err := small.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	large, err := memory.AcquireN(ctx, 6)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("large build holds", large.Weight(), "GiB")
+	defer large.Release(ctx)
+	// Output:
+	// small build holds 3 GiB
+	// large build: 6 GiB are not free
+	// large build holds 6 GiB
+}
+
+func ExampleSetLimit() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	s, _ := etcdlock.NewSession(client)
+	defer s.Close()
+	ctx := context.Background()
+
+	exports := etcdlock.NewSemaphore(s, "exports", 2)
+	a, _ := exports.Acquire(ctx)
+	b, _ := exports.Acquire(ctx)
+
+	// The database is struggling: one export at a time, from now on.
+	// The two running keep their permits; new ones wait for both.
+	if err := etcdlock.SetLimit(ctx, client, "exports", 1); err != nil {
+		log.Fatal(err)
+	}
+	limit, _ := etcdlock.ReadLimit(ctx, client, "exports")
+	fmt.Println("limit:", limit)
+	if _, err := exports.TryAcquire(ctx, 0); errors.Is(err, etcdlock.ErrNoPermit) {
+		fmt.Println("a third export waits")
+	}
+	_ = a.Release(ctx)
+	if _, err := exports.TryAcquire(ctx, 0); errors.Is(err, etcdlock.ErrNoPermit) {
+		fmt.Println("and still waits with one running")
+	}
+	_ = b.Release(ctx)
+	c, err := exports.TryAcquire(ctx, 0)
+	fmt.Println("then runs:", err == nil)
+	defer c.Release(ctx)
+	// Output:
+	// limit: 1
+	// a third export waits
+	// and still waits with one running
+	// then runs: true
+}
+
 func ExampleMutex_Do() {
 	srv, client := startExampleServer()
 	defer srv.Close()

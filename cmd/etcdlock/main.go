@@ -1,11 +1,12 @@
 // Command etcdlock runs a command under a distributed lock on etcd, shows who
-// holds a lock and who waits for it, checks a fence, breaks a stuck lock, and
-// demonstrates the etcdlock package on an embedded etcd.
+// holds a lock and who waits for it, checks a fence, breaks a stuck lock,
+// shows or sets a Semaphore's limit, and demonstrates the etcdlock package on an embedded etcd.
 //
 //	etcdlock run [flags] NAME -- COMMAND [ARGS...]
 //	etcdlock holders [--watch] [flags] NAME
 //	etcdlock check [flags] FENCE
 //	etcdlock release [--lock-key KEY | --token N] [--yes] [flags] NAME
+//	etcdlock limit [flags] NAME [N]
 //	etcdlock demo [flags]
 //
 // Its locks are those of the etcdlock package, of etcd's concurrency.Mutex
@@ -96,6 +97,8 @@ func cli(args []string, sio stdio) int {
 		err = checkCommand(rest, sio)
 	case "release":
 		err = releaseCommand(rest, sio)
+	case "limit":
+		err = limitCommand(rest, sio)
 	case "demo":
 		err = demoCommand(rest, sio)
 	case "help", "-h", "-help", "--help":
@@ -145,6 +148,7 @@ Usage:
                                                   still holds its lock
   etcdlock release [flags] NAME                   break a stuck lock: delete its holders' keys
                                                   (or one, --lock-key/--token), after a confirmation
+  etcdlock limit [flags] NAME [N]                 show the limit of the Semaphore NAME, or set it to N
   etcdlock demo [flags]                           a self-checking demo on an embedded etcd
   etcdlock help [COMMAND]                         this help, or the flags of COMMAND
   etcdlock version                                etcdlock's version, Go version and platform
@@ -170,6 +174,8 @@ func help(args []string, sio stdio) int {
 		fs, _ = newCheckFlags()
 	case "release":
 		fs, _ = newReleaseFlags()
+	case "limit":
+		fs, _ = newLimitFlags()
 	case "demo":
 		fs, _ = newDemoFlags()
 	default:
