@@ -25,7 +25,8 @@ const ownWatchDelay = 100 * time.Millisecond
 //
 // D8: once the wait has lasted ownWatchDelay, it also watches our own key,
 // from its creation: a delete (a revoked lease, or by hand) ends the wait at
-// once, rather than when the holder leaves.
+// once, rather than when the holder leaves. A semaphore's head waiter also
+// watches the limit record then (limit.go).
 //
 // A watch event can be lost (etcd #17529, #18089, #19179, #20221): it reads
 // again at least once per TTL, and after any watch error, so that a lost
@@ -42,12 +43,16 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 	for p.verdict == blocked {
 		bctx, stop := context.WithCancel(wctx)
 		wch := t.watch(bctx, p)
+		// The head of a semaphore's queue: a raised limit admits it too.
+		// Its record is watched once the wait has lasted ownWatchDelay
+		// (most waits under contention end sooner, and cost no second
+		// watch), from the read, so that a change in between counts.
 		var limit clientv3.WatchChan
-		if p.prefix {
-			// The head of a semaphore's queue: a raised limit admits it
-			// too. Watched from the read, so that a change in between
-			// counts.
-			limit = t.c.Watcher.Watch(bctx, t.rule.limitKey, clientv3.WithRev(p.seen+1))
+		limitTimer := time.NewTimer(ownWatchDelay)
+		limitAfter := limitTimer.C
+		if !p.prefix {
+			limitTimer.Stop()
+			limitAfter = nil
 		}
 		next := place{verdict: unchanged}
 		var err error
@@ -55,6 +60,9 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 			select {
 			case wr, ok := <-wch:
 				next, err = t.woken(ctx, p, wr, ok)
+			case <-limitAfter:
+				limitAfter = nil
+				limit = t.c.Watcher.Watch(bctx, t.rule.limitKey, clientv3.WithRev(p.seen+1))
 			case wr, ok := <-limit:
 				if !ok {
 					limit = nil // the safety net's reads still see it
@@ -80,6 +88,7 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 			}
 		}
 		stop()
+		limitTimer.Stop()
 		if err != nil && ctx.Err() != nil {
 			return p, ErrBusy
 		}
