@@ -186,7 +186,11 @@ func printQueue(w io.Writer, q []queued) {
 				ttl = fmt.Sprintf("%ds", e.ttl)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", role, e.Kind, printable(e.Key), e.Token, lease, ttl, showIdentity(e.Identity))
+		kind := string(e.Kind)
+		if e.Weight > 1 {
+			kind += fmt.Sprintf("(%d)", e.Weight) // permits taken by one AcquireN
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", role, kind, printable(e.Key), e.Token, lease, ttl, showIdentity(e.Identity))
 	}
 	tw.Flush()
 }

@@ -58,6 +58,18 @@ func TestLimit(t *testing.T) {
 	if err := p.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	w, err := etcdlock.NewSemaphore(s, name, 3).AcquireN(t.Context(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, nil, "holders", "--endpoints", ep, name)
+	r.want(t, 0)
+	if !strings.Contains(r.stdout, "semaphore(3)") {
+		t.Fatalf("holders of a permit of 3: got %q, want its KIND semaphore(3)", r.stdout)
+	}
+	if err := w.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 
 	m := etcdlock.NewMutex(s, name+"/m")
 	if err := m.LockContext(t.Context()); err != nil {
