@@ -50,7 +50,7 @@ type rule struct {
 const (
 	ruleFirst          = iota // the oldest key of its queue (Mutex, writer, MultiMutex)
 	ruleNoWriterBefore        // no older key that is not a reader's (RWMutex reader)
-	ruleAmongFirst            // among the n oldest (Semaphore)
+	ruleAmongFirst            // among the oldest whose permits fit (Semaphore: n, or its limit record)
 )
 
 // A modelCall is what the judge knows of a lock call from before it was made.
@@ -204,8 +204,16 @@ func (w *world) holds(h modelHold, rl rule) (bool, string) {
 				return false, fmt.Sprintf("%s is not the oldest (%s)", key, describeQueue(kvs))
 			}
 		case ruleAmongFirst:
-			if i >= rl.n {
-				return false, fmt.Sprintf("%s is %d-th (%s)", key, i+1, describeQueue(kvs))
+			// The oldest keys whose permits fit within the limit: the
+			// record's, if any (keeping the keys up to its revision), else
+			// rl.n; each weight counted at most the limit.
+			limit, keep := w.limitRecord(pfx, rl.n)
+			sum := 0
+			for _, kv := range kvs[:i+1] {
+				sum += min(weightOf(kv.Value), limit)
+			}
+			if kvs[i].CreateRevision > keep && sum > limit {
+				return false, fmt.Sprintf("%s: %d permits up to it, limit %d, kept up to revision %d (%s)", key, sum, limit, keep, describeQueue(kvs))
 			}
 		case ruleNoWriterBefore:
 			for _, kv := range kvs[:i] {
@@ -216,6 +224,27 @@ func (w *world) holds(h modelHold, rl rule) (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// limitRecord reads the limit record of the Semaphore with prefix pfx, as
+// written ("limit=N keep=G"): its limit and kept revision; else limit and
+// 0.
+func (w *world) limitRecord(pfx string, limit int) (int, int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	resp, err := w.root.Get(ctx, "etcdlock.limit."+strings.TrimSuffix(pfx, "/"))
+	if err != nil {
+		w.t.Fatalf("judge: read the limit record: %v", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return limit, 0
+	}
+	var n int
+	var keep int64
+	if _, err := fmt.Sscanf(string(resp.Kvs[0].Value), "limit=%d keep=%d", &n, &keep); err != nil {
+		w.t.Fatalf("judge: the limit record %q: %v", resp.Kvs[0].Value, err)
+	}
+	return n, keep
 }
 
 func describeQueue(kvs []*mvccpb.KeyValue) string {

@@ -200,7 +200,10 @@ func (a *goroutine) pick(rng *rand.Rand) modelOp {
 		{"Semaphore.Acquire", sem, func(a *goroutine) { a.acquire(r, -1) }},
 		{"Semaphore.TryAcquire(0)", sem, func(a *goroutine) { a.acquire(r, 0) }},
 		{"Semaphore.TryAcquire(150ms)", sem, func(a *goroutine) { a.acquire(r, 150*time.Millisecond) }},
+		{"Semaphore.AcquireN(2)", sem, func(a *goroutine) { a.acquireN(r, -1, 2) }},
+		{"Semaphore.TryAcquireN(2, 0)", sem, func(a *goroutine) { a.acquireN(r, 0, 2) }},
 		{"Permit.Release", sem, (*goroutine).release},
+		{"SetLimit", sem, func(a *goroutine) { a.setLimit(r) }},
 	}
 	return ops[rng.IntN(len(ops))]
 }
@@ -399,7 +402,10 @@ func (a *goroutine) rwUnlock(write bool) {
 	a.mu.Unlock()
 }
 
-func (a *goroutine) acquire(r *rand.Rand, wait time.Duration) {
+func (a *goroutine) acquire(r *rand.Rand, wait time.Duration) { a.acquireN(r, wait, 1) }
+
+// acquireN takes n permits of the Semaphore, judged by the weighted rule.
+func (a *goroutine) acquireN(r *rand.Rand, wait time.Duration, n int) {
 	sem := etcdlock.NewSemaphore(a.ms.session(), a.w.semName(), modelLimit)
 	ctx, cancel := callContext(r)
 	defer cancel()
@@ -407,9 +413,9 @@ func (a *goroutine) acquire(r *rand.Rand, wait time.Duration) {
 	var p *etcdlock.Permit
 	var err error
 	if wait < 0 {
-		p, err = sem.Acquire(ctx)
+		p, err = sem.AcquireN(ctx, n)
 	} else {
-		p, err = sem.TryAcquire(ctx, wait)
+		p, err = sem.TryAcquireN(ctx, n, wait)
 	}
 	if err == nil {
 		var h modelHold
@@ -423,6 +429,21 @@ func (a *goroutine) acquire(r *rand.Rand, wait time.Duration) {
 		err = nil
 	}
 	a.refused(c, err, false)
+}
+
+// setLimit records a limit of 1 to 3 for the Semaphore, through the
+// goroutine's Session's client (faulted as its locks are). Its answer is
+// judged by what follows: every permit held keeps holding (the checkpoints
+// and each hold's judge read the record).
+func (a *goroutine) setLimit(r *rand.Rand) {
+	limit := 1 + r.IntN(3)
+	ctx, cancel := callContext(r)
+	defer cancel()
+	err := etcdlock.SetLimit(ctx, a.ms.session().Client(), a.w.semName(), limit)
+	a.w.log.add("g%d: SetLimit(%d): %v", a.i, limit, err)
+	if errors.Is(err, etcdlock.ErrInvalidArgument) || errors.Is(err, etcdlock.ErrLimitMismatch) {
+		a.w.t.Errorf("g%d: SetLimit(%d): %v", a.i, limit, err)
+	}
 }
 
 func (a *goroutine) release() {
