@@ -140,7 +140,8 @@ func (f Fence) valid() error {
 	return nil
 }
 
-// CheckFence reports, with one read of the lock's queue, whether f's hold is
+// CheckFence reports, with one read of the lock's queue (as Inspect reads
+// it), whether f's hold is
 // a holder of its lock now: nil if its key is in etcd with f's token and
 // holds; an error wrapping ErrLockLost if the key is gone, was made anew or
 // waits; an error wrapping ErrInvalidFence for an invalid f; etcd's error if

@@ -91,6 +91,9 @@ type follower[T any] struct {
 	keys   map[string]*mvccpb.KeyValue // the queues' keys, as of rev
 	rec    *mvccpb.KeyValue            // a Semaphore's limit record, as of the last read (not watched); nil if none
 	rev    int64                       // 0 before the first read
+	// recRead: the last read read the record (its queue had permits);
+	// stale: permits came by the watch with the record unread: read again.
+	recRead, stale bool
 
 	view func([]QueueEntry) T
 	same func(a, b []QueueEntry) bool
@@ -151,6 +154,12 @@ func (f *follower[T]) run(ctx context.Context) {
 					retry.reset()
 				}
 				f.apply(wr.Events)
+				if f.stale {
+					// A Semaphore's first permits: read its limit record
+					// with its keys (on failure, the next re-read).
+					f.stale = false
+					_ = f.read(ctx)
+				}
 				continue
 			}
 			// Broken, cancelled (a member without a leader) or compacted:
@@ -190,6 +199,7 @@ func (f *follower[T]) read(ctx context.Context) error {
 		return nil
 	}
 	f.rev, f.rec = rev, rec
+	f.recRead = hasPermits(f.pfx, kvs) // readKeys read the record then
 	clear(f.keys)
 	for _, kv := range kvs {
 		if inQueue(f.pfx, kv.Key) {
@@ -221,6 +231,7 @@ func (f *follower[T]) apply(events []*clientv3.Event) {
 			delete(f.keys, string(ev.Kv.Key))
 		default:
 			f.keys[string(ev.Kv.Key)] = ev.Kv
+			f.stale = f.stale || (!f.recRead && hasPermits(f.pfx, []*mvccpb.KeyValue{ev.Kv}))
 		}
 		touched = true
 	}

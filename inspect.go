@@ -24,7 +24,8 @@ type QueueEntry struct {
 }
 
 // Inspect reads the queue of the lock called name, in one read that writes
-// nothing: the keys of any lock of this package, concurrency.Mutex, etcdctl
+// nothing (a Semaphore's: two, its keys and then its limit record at the
+// same revision): the keys of any lock of this package, concurrency.Mutex, etcdctl
 // lock or etcd's recipe RWMutex, holders first, by token, then waiters in the
 // order they will be served; empty if none. Nested locks' keys are not.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
@@ -57,10 +58,9 @@ func readQueue(ctx context.Context, client *clientv3.Client, name, op string) (e
 }
 
 // readKeys reads the keys under name's prefix, and the revision of the
-// read. Where they are a Semaphore's (or withLimit), it reads them again
-// with the limit record, in one Txn, so that both are of one revision:
-// the read of a Mutex's queue is one Range, and needs no permission on the
-// record's key.
+// read. Where they are a Semaphore's, it also reads the limit record at
+// that revision; withLimit, it reads both in one Txn. The read of a Mutex's
+// queue is one Range, and needs no permission on the record's key.
 func readKeys(ctx context.Context, client *clientv3.Client, name string, withLimit bool) (kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev int64, err error) {
 	pfx := name + "/"
 	if !withLimit {
@@ -73,6 +73,17 @@ func readKeys(ctx context.Context, client *clientv3.Client, name string, withLim
 		case !hasPermits(pfx, resp.Kvs):
 			return resp.Kvs, nil, resp.Header.Revision, nil
 		}
+		rev := resp.Header.Revision
+		rr, err := client.Get(ctx, queue.LimitKey(name), clientv3.WithRev(rev))
+		switch {
+		case err != nil:
+			return nil, nil, 0, err
+		case rr == nil || len(rr.Kvs) > 1:
+			return nil, nil, 0, errMalformed
+		case len(rr.Kvs) == 1:
+			rec = rr.Kvs[0]
+		}
+		return resp.Kvs, rec, rev, nil
 	}
 	resp, err := client.Txn(ctx).Then(clientv3.OpGet(pfx, clientv3.WithPrefix()), clientv3.OpGet(queue.LimitKey(name))).Commit()
 	if err != nil {

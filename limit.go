@@ -29,20 +29,23 @@ const maxLimitKeys = 120
 // raised limit admits waiters at once: the head of the queue watches the
 // record.
 //
-// It is a read and one Txn that writes only if the queue's holders are
-// still those read: under churn it reads again, until ctx ends. The record
-// has no lease: it stays until deleted by hand, and deleting it gives the
-// holders' own limit back and takes no permit back, so that holders kept
-// above that limit then count as over it. Every holder must run a version
-// that reads the record (v1.1 or later); an older one counts with its own
-// limit.
+// It is a read and one Txn. A raise writes unless another SetLimit wrote in
+// between. A lowering writes only if the queue's holders are still those
+// read (the record keeps them), so on a queue that churns it reads again,
+// after a few milliseconds, until ctx ends: a lowering may need a quiet
+// moment, and a deadline of its caller's. The record has no lease: it stays
+// until deleted by hand, and deleting it gives the holders' own limit back
+// and takes no permit back, so that holders kept above that limit then
+// count as over it. Every holder must run a version that reads the record
+// (v1.1 or later); an older one counts with its own limit.
 //
 // It returns ErrInvalidName for the empty name; ErrInvalidArgument, wrapped,
-// for a nil context or client or a limit below 1; ErrLimitMismatch, wrapped,
-// when no limit is recorded and the queue's keys are not all permits of one
-// limit (a Mutex's, or Semaphores made with different limits), or when more
-// than 119 keys hold; etcd's error, wrapped, where the record may or may not
-// have been written (ReadLimit tells).
+// for a nil context or client or a limit below 1, and for a lowering while
+// more than 120 keys hold (more than one Txn can guard); ErrLimitMismatch,
+// wrapped, when no limit is recorded and the queue's keys are not all
+// permits of one limit (a Mutex's, or Semaphores made with different
+// limits); etcd's error, or ctx's, wrapped, where the record may or may
+// not have been written (ReadLimit tells).
 func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) error {
 	switch {
 	case ctx == nil:
@@ -75,7 +78,17 @@ func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit i
 }
 
 // trySetLimit reads the queue of name and writes its limit record, keeping
-// its holders, unless the queue changed since the read: false then.
+// its holders, unless what the write depends on changed since the read:
+// false then.
+//
+// A raise (a limit at least the one in force) depends only on the record:
+// with the same keep, a larger limit takes no hold away (a key holds when
+// the permits up to it fit, each counted at most the limit, and a weight
+// above the old limit can hold only alone), so a key admitted between the
+// read and the write holds after it too. A lowering depends on the holders
+// read: the record keeps them, so no key may have been admitted since,
+// which the Txn guards by no key put under the prefix since the read and
+// each holder's and the first waiter's key still there.
 func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) (bool, error) {
 	pfx, key := name+"/", queue.LimitKey(name)
 	kvs, rec, rev, err := readKeys(ctx, client, name, true)
@@ -83,26 +96,41 @@ func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limi
 		return false, err
 	}
 	members := permitsOf(pfx, kvs)
-	if err := oneLimit(name, members, rec); err != nil {
-		return false, err
-	}
-	// Guard the holders and the first waiter: they are the keys whose
-	// leaving would admit one more under the old limit.
-	var keep, recRev int64
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(pfx), "<", rev+1).WithPrefix()}
+	var recRev int64
+	current, recorded := queue.Limit{}, false
 	if rec != nil {
+		// A malformed record is replaced, as if there were none.
 		recRev = rec.ModRevision
+		if current, recorded = queue.ParseLimit(rec.Value); !recorded {
+			rec = nil
+		}
 	}
-	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", recRev))
-	for i, holds := range queue.Holders(members, rec) {
-		cmps = append(cmps, ownerCmp(string(members[i].Key), members[i].CreateRevision))
-		if !holds {
+	if !recorded {
+		if current.N, err = oneLimit(name, members); err != nil {
+			return false, err
+		}
+	}
+	holds := queue.Holders(members, rec)
+	keep := min(current.Keep, recRev)
+	for i, h := range holds {
+		if !h {
 			break
 		}
-		keep = members[i].CreateRevision
+		keep = max(keep, members[i].CreateRevision)
 	}
-	if len(cmps) > maxLimitKeys+2 {
-		return false, fmt.Errorf("%w: %d keys hold or wait first: more than one Txn can guard", ErrLimitMismatch, len(cmps)-2)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", recRev)}
+	if current.N == 0 || limit < current.N {
+		// A lowering, or a limit not known (no record, no permit).
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(pfx), "<", rev+1).WithPrefix())
+		for i, h := range holds {
+			cmps = append(cmps, ownerCmp(string(members[i].Key), members[i].CreateRevision))
+			if !h {
+				break
+			}
+		}
+		if len(cmps) > maxLimitKeys+2 {
+			return false, fmt.Errorf("%w: cannot lower the limit of %q while %d keys hold or wait first: more than one Txn can guard; lower it when fewer hold", ErrInvalidArgument, name, len(cmps)-2)
+		}
 	}
 	txn, err := client.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, queue.Limit{N: limit, Keep: keep}.Value())).Commit()
 	switch {
@@ -114,28 +142,22 @@ func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limi
 	return txn.Succeeded, nil
 }
 
-// oneLimit returns ErrLimitMismatch, wrapped, if no record rec says the
-// limit of name and its keys are not all permits of one limit.
-func oneLimit(name string, members []*mvccpb.KeyValue, rec *mvccpb.KeyValue) error {
-	if rec != nil {
-		if _, ok := queue.ParseLimit(rec.Value); !ok {
-			return fmt.Errorf("%w: the limit record of %q reads %q", errMalformed, name, rec.Value)
-		}
-		return nil
-	}
+// oneLimit returns the limit of name's permits, 0 if there is none, or
+// ErrLimitMismatch, wrapped, if its keys are not all permits of one limit.
+func oneLimit(name string, members []*mvccpb.KeyValue) (int, error) {
 	first := 0
 	for _, kv := range members {
 		limit, _, _, ok := queue.ParseSemaphoreValue(kv.Value)
 		switch {
 		case !ok:
-			return fmt.Errorf("%w: %q has a key that is no permit's: %s", ErrLimitMismatch, name, kv.Key)
+			return 0, fmt.Errorf("%w: %q has a key that is no permit's: %s", ErrLimitMismatch, name, kv.Key)
 		case first == 0:
 			first = limit
 		case limit != first:
-			return fmt.Errorf("%w: holders of %q have limits %d and %d", ErrLimitMismatch, name, first, limit)
+			return 0, fmt.Errorf("%w: holders of %q have limits %d and %d", ErrLimitMismatch, name, first, limit)
 		}
 	}
-	return nil
+	return first, nil
 }
 
 // ReadLimit returns the limit in force of the semaphore called name: its
@@ -159,7 +181,7 @@ func ReadLimit(ctx context.Context, client *clientv3.Client, name string) (int, 
 	if rec != nil {
 		l, ok := queue.ParseLimit(rec.Value)
 		if !ok {
-			return 0, errorf("read limit", name, errMalformed)
+			return 0, errorf("read limit", name, fmt.Errorf("%w: the limit record reads %q", errMalformed, rec.Value))
 		}
 		return l.N, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
@@ -25,10 +26,11 @@ import (
 // differ). Holders above a lowered limit keep their permits; new
 // acquisitions wait until the holders fit within it.
 type Semaphore struct {
-	s     *Session
-	name  string
-	limit int
-	rules sync.Map // weight → *queue.Rule: a try's read-first state, kept per weight
+	s         *Session
+	name      string
+	limit     int
+	rules     sync.Map     // weight → *queue.Rule: a try's read-first state, kept per weight
+	ruleCount atomic.Int32 // rules made to keep, up to maxRules
 }
 
 // NewSemaphore returns a handle on the semaphore called name with at most
@@ -39,16 +41,25 @@ func NewSemaphore(s *Session, name string, limit int) *Semaphore {
 	return &Semaphore{s: s, name: name, limit: limit}
 }
 
+// maxRules is how many weights a Semaphore keeps a rule for; another
+// weight's acquisition gets a rule of its own, and its try reads no state
+// of an earlier one.
+const maxRules = 16
+
 // rule returns the rule of an acquisition of weight permits.
 func (sem *Semaphore) rule(weight int) *queue.Rule {
 	if r, ok := sem.rules.Load(weight); ok {
 		return r.(*queue.Rule)
 	}
 	name, limit := sem.name, sem.limit
-	r, _ := sem.rules.LoadOrStore(weight, queue.Semaphore(name, limit, weight, func(value []byte) error {
+	r := queue.Semaphore(name, limit, weight, func(value []byte) error {
 		return fmt.Errorf("%w: a holder of %q has %s, this Semaphore %d", ErrLimitMismatch, name, describeLimit(value), limit)
-	}))
-	return r.(*queue.Rule)
+	})
+	if sem.ruleCount.Add(1) <= maxRules {
+		actual, _ := sem.rules.LoadOrStore(weight, r)
+		return actual.(*queue.Rule)
+	}
+	return r
 }
 
 // Name returns the semaphore's name, as given to NewSemaphore.

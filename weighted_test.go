@@ -197,8 +197,9 @@ func TestWeightedTryAcquire(t *testing.T) {
 
 // TestLargeAcquireDoesntStarve (x/sync's): while workers take and give back
 // one permit each in a loop, an acquisition of every permit is served, in
-// turn: no acquisition queued after it is admitted before it has been
-// released.
+// turn: no acquisition queued after it is admitted before it (each
+// admission takes a number from one counter as its call returns; a permit
+// with a token above the large one's, numbered before it, overtook it).
 func TestLargeAcquireDoesntStarve(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
@@ -207,10 +208,10 @@ func TestLargeAcquireDoesntStarve(t *testing.T) {
 	const limit = 3
 	var running atomic.Bool
 	running.Store(true)
-	var bigToken atomic.Int64   // 0 until the large acquisition holds
-	var bigReleased atomic.Bool // set before its release is sent
-	var overtook []int64        // tokens admitted after the large one queued and before it left
+	var order atomic.Int64 // admissions, numbered as their calls return
+	type admission struct{ token, n int64 }
 	var mu sync.Mutex
+	var small []admission
 	var wg sync.WaitGroup
 	for range limit {
 		sem := etcdlock.NewSemaphore(newSession(t, client), name, limit)
@@ -221,11 +222,9 @@ func TestLargeAcquireDoesntStarve(t *testing.T) {
 					t.Errorf("Acquire: %v", err)
 					return
 				}
-				if tok := bigToken.Load(); tok != 0 && p.Token() > tok && !bigReleased.Load() {
-					mu.Lock()
-					overtook = append(overtook, p.Token())
-					mu.Unlock()
-				}
+				mu.Lock()
+				small = append(small, admission{p.Token(), order.Add(1)})
+				mu.Unlock()
 				time.Sleep(time.Millisecond)
 				if err := p.Release(ctx); err != nil {
 					t.Errorf("Release: %v", err)
@@ -240,18 +239,24 @@ func TestLargeAcquireDoesntStarve(t *testing.T) {
 	if err != nil {
 		t.Fatalf("AcquireN(%d) while others loop: %v", limit, err)
 	}
-	bigToken.Store(p.Token())
+	bigN, bigToken := order.Add(1), p.Token()
 	if ok, sum := holdsInEtcd(t, client, name, limit, p.Key()); !ok || sum != limit {
 		t.Errorf("the large permit: holds in etcd %v, %d permits held, want true, %d (alone)", ok, sum, limit)
 	}
 	time.Sleep(20 * time.Millisecond)
-	bigReleased.Store(true)
 	release(t, p)
 	running.Store(false)
 	wg.Wait()
-	if len(overtook) > 0 {
-		t.Errorf("acquisitions queued after the large one held before it left: tokens %v (large: %d)", overtook, p.Token())
+	var overtook []int64
+	for _, a := range small {
+		if a.token > bigToken && a.n < bigN {
+			overtook = append(overtook, a.token)
+		}
 	}
+	if len(overtook) > 0 {
+		t.Errorf("acquisitions queued after the large one (token %d) admitted before it: tokens %v", bigToken, overtook)
+	}
+	t.Logf("%d small admissions around the large one", len(small))
 	if keys := lockKeys(t, client, name); len(keys) != 0 {
 		t.Errorf("keys left: %q", keys)
 	}

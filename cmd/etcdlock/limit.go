@@ -22,8 +22,9 @@ admits waiters at once. The record stays until it is deleted by hand
 later.
 
 Exit statuses: 0 shown or set; 64 usage (N not a positive integer); 65 the
-queue of NAME is not a Semaphore's of one limit; 69 etcd unreachable or
-refused us.
+queue of NAME is not a Semaphore's of one limit, or more than 120 keys hold
+(too many to lower the limit under); 69 etcd unreachable or refused us, or
+no quiet moment to lower the limit in within 5 s.
 `
 
 func newLimitFlags() (*commandFlags, *connFlags) {
@@ -62,7 +63,7 @@ func limitCommand(args []string, sio stdio) error {
 	if set > 0 {
 		err := etcdlock.SetLimit(qctx, cli, name, set)
 		switch {
-		case errors.Is(err, etcdlock.ErrLimitMismatch):
+		case errors.Is(err, etcdlock.ErrLimitMismatch), errors.Is(err, etcdlock.ErrInvalidArgument):
 			return withStatus(exitDataErr, err)
 		case err != nil:
 			return unavailable(cfg, err)

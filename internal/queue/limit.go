@@ -98,16 +98,21 @@ func positive(s string) int {
 type tally struct {
 	limit int
 	keep  int64
-	sum   int  // the weights of the keys counted, each at most limit
+	room  int  // what the keys counted leave of the limit; -1 once they exceed it
 	all   bool // every key counted holds
 }
 
-func newTally(l Limit) tally { return tally{limit: l.N, keep: l.Keep, all: true} }
+// newTally returns the tally of a semaphore under l, whose record was
+// written at revision rev (0: no record). A keep above rev is no keep of a
+// record SetLimit wrote: it is taken as rev.
+func newTally(l Limit, rev int64) tally {
+	return tally{limit: l.N, keep: min(l.Keep, rev), room: l.N, all: true}
+}
 
 // holds reports whether a key created at rev with weight w holds behind the
 // keys counted so far.
 func (t *tally) holds(rev int64, w int) bool {
-	return rev <= t.keep || t.sum+min(w, t.limit) <= t.limit
+	return rev <= t.keep || (t.room >= 0 && min(w, t.limit) <= t.room)
 }
 
 // add counts a key created at rev with weight w, and reports whether it
@@ -115,7 +120,11 @@ func (t *tally) holds(rev int64, w int) bool {
 func (t *tally) add(rev int64, w int) bool {
 	h := t.holds(rev, w)
 	t.all = t.all && h
-	t.sum += min(w, t.limit)
+	if m := min(w, t.limit); t.room >= 0 && m <= t.room {
+		t.room -= m
+	} else {
+		t.room = -1
+	}
 	return h
 }
 
@@ -124,15 +133,17 @@ func (t *tally) add(rev int64, w int) bool {
 // oldest key's (every holder must use one limit); a key that is no
 // permit's counts as a whole limit.
 func Holders(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue) []bool {
-	l, recorded := Limit{}, false
+	l, recorded, recRev := Limit{}, false, int64(0)
 	if rec != nil {
 		l, recorded = ParseLimit(rec.Value)
+		recRev = rec.ModRevision
 	}
 	if !recorded && len(kvs) > 0 {
+		l, recRev = Limit{}, 0
 		l.N, _, _, _ = ParseSemaphoreValue(kvs[0].Value)
 	}
 	l.N = max(l.N, 1)
-	t := newTally(l)
+	t := newTally(l, recRev)
 	holds := make([]bool, len(kvs))
 	for i, kv := range kvs {
 		_, w, _, ok := ParseSemaphoreValue(kv.Value)

@@ -194,14 +194,15 @@ func (r *Rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, seen int
 // key put now) from every key older than it, oldest first, and the limit
 // record rec (nil if none), read at revision seen (limit.go).
 func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int64) (place, error) {
-	l, recorded := Limit{N: r.limit}, rec != nil
+	l, recorded, recRev := Limit{N: r.limit}, rec != nil, int64(0)
 	if recorded {
 		var ok bool
 		if l, ok = ParseLimit(rec.Value); !ok {
 			return place{}, ErrMalformed
 		}
+		recRev = rec.ModRevision
 	}
-	t := newTally(l)
+	t := newTally(l, recRev)
 	var last *mvccpb.KeyValue
 	for _, kv := range kvs {
 		if !r.member(kv.Key) {

@@ -3,6 +3,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 
@@ -49,7 +50,7 @@ func permit(key string, create int64, limit, weight int) *mvccpb.KeyValue {
 
 // record returns a limit record.
 func record(l Limit) []*mvccpb.KeyValue {
-	return keys(&mvccpb.KeyValue{Key: []byte(LimitKey("l")), CreateRevision: 3, ModRevision: 3, Value: []byte(l.Value())})
+	return keys(&mvccpb.KeyValue{Key: []byte(LimitKey("l")), CreateRevision: 3, ModRevision: 1000, Value: []byte(l.Value())})
 }
 
 func TestPlaceNew(t *testing.T) {
@@ -153,6 +154,9 @@ func TestHolders(t *testing.T) {
 		{"a record of 1 keeping two", keys(permit("l/a", 5, 2, 1), permit("l/b", 6, 2, 1), permit("l/c", 7, 2, 1)), record(Limit{N: 1, Keep: 6}), []bool{true, true, false}},
 		{"a record of 3", keys(permit("l/a", 5, 2, 1), permit("l/b", 6, 2, 1), permit("l/c", 7, 2, 1)), record(Limit{N: 3}), []bool{true, true, true}},
 		{"no key", keys(), record(Limit{N: 3}), []bool{}},
+		{"a keep above the record's own revision is clamped to it", keys(permit("l/a", 5, 2, 1), permit("l/b", 6, 2, 1)),
+			keys(&mvccpb.KeyValue{Key: []byte(LimitKey("l")), ModRevision: 5, Value: []byte(Limit{N: 1, Keep: 99}.Value())}), []bool{true, false}},
+		{"weights near the largest int do not overflow", keys(permit("l/a", 5, math.MaxInt, math.MaxInt/2+1), permit("l/b", 6, math.MaxInt, math.MaxInt/2+1)), nil, []bool{true, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var rec *mvccpb.KeyValue

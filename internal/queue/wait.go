@@ -48,6 +48,7 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 		// (most waits under contention end sooner, and cost no second
 		// watch), from the read, so that a change in between counts.
 		var limit clientv3.WatchChan
+		limitBroken := false
 		limitTimer := time.NewTimer(ownWatchDelay)
 		limitAfter := limitTimer.C
 		if !p.prefix {
@@ -62,13 +63,23 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 				next, err = t.woken(ctx, p, wr, ok)
 			case <-limitAfter:
 				limitAfter = nil
-				limit = t.c.Watcher.Watch(bctx, t.rule.limitKey, clientv3.WithRev(p.seen+1))
-			case wr, ok := <-limit:
-				if !ok {
-					limit = nil // the safety net's reads still see it
-					break
+				opts := []clientv3.OpOption{clientv3.WithRev(p.seen + 1)}
+				if limitBroken {
+					// From now: the history since the read may be gone.
+					opts = []clientv3.OpOption{clientv3.WithCreatedNotify()}
 				}
-				if len(After(wr.Events, p.seen)) > 0 || wr.Err() != nil {
+				limit = t.c.Watcher.Watch(bctx, t.rule.limitKey, opts...)
+			case wr, ok := <-limit:
+				switch {
+				case !ok || wr.Err() != nil || wr.Canceled:
+					// Compacted, or failed: open it again after a pause,
+					// from now, and read once it is open.
+					limit, limitBroken = nil, true
+					if bctx.Err() == nil {
+						limitTimer.Reset(ownWatchDelay)
+						limitAfter = limitTimer.C
+					}
+				case wr.Created || len(After(wr.Events, p.seen)) > 0:
 					next, err = t.read(ctx)
 					next = changed(p, next)
 				}
