@@ -103,6 +103,8 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 			return ctx.Err()
 		case !o.ran && !s.lockable(o.err):
 			return o.err
+		case t.claimErr != nil && !retryable(t.claimErr):
+			return t.claimErr // refused by etcd: permission denied, say
 		case !o.ran || t.claimErr != nil:
 			// etcd unreachable, a malformed reply, or the lease lost
 			// (WithRenewal: the next campaign waits for the next one):
