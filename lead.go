@@ -24,6 +24,13 @@ import (
 // and reported to the observers. WithWatchdog, an f that reports no progress
 // gives up the lead: Lead campaigns again once f returns, and returns
 // ErrStalled where f did not return in time and the Session was closed.
+//
+// f ends its term early by returning StepDown (release, and campaign again
+// after a pause) or HandOver (let a named queued candidate lead next);
+// TermFrom gives it the term's count. Before f runs, Lead reads its
+// records (etcdlock.term.NAME, etcdlock.handover.NAME): a holder that a
+// hand-over passes over gives way without running f. A refusal of etcd's
+// there (permission denied) is returned, f not run.
 func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx context.Context) error, opts ...SessionOption) error {
 	switch {
 	case ctx == nil:
@@ -73,8 +80,9 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 }
 
 // Lead runs f whenever this process leads name, as the function Lead does,
-// but on s. It does not close s, and returns ErrSessionExpired once s has
-// ended (without WithRenewal, when its lease is gone).
+// but on s, with StepDown, HandOver and TermFrom as there. It does not
+// close s, and returns ErrSessionExpired once s has ended (without
+// WithRenewal, when its lease is gone).
 func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
 	if err := validate(s != nil, name, ctx); err != nil {
 		return err
