@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -438,4 +439,31 @@ func TestTermEndBadInput(t *testing.T) {
 	if err == nil || m.HoldCount() != 0 {
 		t.Errorf("Do with f returning StepDown: got %v, %d holds; want the error, none", err, m.HoldCount())
 	}
+}
+
+// TestHandOverRecordNamesNoneBehind: a record that names a key ahead of the
+// new holder's (here a key of another prefix, put by hand before it queued)
+// names no candidate of its queue: the holder deletes it and leads, rather
+// than give way for ever.
+func TestHandOverRecordNamesNoneBehind(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	other := name + "-other/x"
+	put, err := client.Put(ctx, other, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Delete(context.WithoutCancel(ctx), other)
+	rec, _ := recordKeys(name)
+	if _, err := client.Put(ctx, rec, fmt.Sprintf("%d %s", put.Header.Revision, other)); err != nil {
+		t.Fatal(err)
+	}
+	d := newDuties(t, client, name)
+	a := leadAs(ctx, client, name, "a", d)
+	if r := d.next(); r.who != "a" || r.term != 1 || r.record != "" {
+		t.Errorf("the holder under a record naming a key ahead: got %+v, want a leading, the record deleted", r)
+	}
+	_ = a.stop(t)
 }

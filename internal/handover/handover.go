@@ -89,8 +89,11 @@ const (
 // with the candidate the record names, while that candidate's key is
 // there; Lost when me's key is gone. A term whose put was applied without
 // its reply is found by the next Claim of the same hold (the count's value
-// names the hold), which returns it, not a new one. On an error the
-// records may have been written or not.
+// names the hold), which returns it, not a new one. A record that names
+// no key behind me's (a Mutex queue's holder has none ahead) is deleted,
+// as one that names a key gone: a key of another queue under the name can
+// never make every holder give way. On an error the records may have been
+// written or not.
 func Claim(ctx context.Context, kv clientv3.KV, name string, me Candidate) (Verdict, int64, Candidate, error) {
 	rec, term := RecordKey(name), TermKey(name)
 	for {
@@ -120,7 +123,9 @@ func Claim(ctx context.Context, kv clientv3.KV, name string, me Candidate) (Verd
 		} else {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(rec), "=", r.ModRevision))
 			ops = append([]clientv3.Op{clientv3.OpDelete(rec)}, ops...)
-			if to, ok := parse(r.Value); ok && to != me {
+			// A record that names a key ahead of ours names none of this
+			// queue (we hold): it is deleted, as one naming a key gone.
+			if to, ok := parse(r.Value); ok && to.Token > me.Token {
 				aside, err := kv.Txn(ctx).If(me.there(), cmps[2], to.there()).Commit()
 				switch {
 				case err != nil:
