@@ -137,16 +137,24 @@ func queued(t *testing.T, client *clientv3.Client, name string, n int) []etcdloc
 	return e
 }
 
-// identified returns the key of the entry with identity id.
+// identified returns the entry with identity id.
 func identified(t *testing.T, entries []etcdlock.QueueEntry, id string) etcdlock.QueueEntry {
 	t.Helper()
+	e, ok := find(entries, id)
+	if !ok {
+		t.Fatalf("no entry of %q in %+v", id, entries)
+	}
+	return e
+}
+
+// find returns the entry with identity id, and false if there is none.
+func find(entries []etcdlock.QueueEntry, id string) (etcdlock.QueueEntry, bool) {
 	for _, e := range entries {
 		if e.Identity == id {
-			return e
+			return e, true
 		}
 	}
-	t.Fatalf("no entry of %q in %+v", id, entries)
-	return etcdlock.QueueEntry{}
+	return etcdlock.QueueEntry{}, false
 }
 
 // leadAs campaigns as who (its identity) on a Session of TTL 5 s.
@@ -293,8 +301,9 @@ func TestHandOver(t *testing.T) {
 // TestHandOverTargetGone: the candidate handed over to (a key put by hand,
 // a waiter that never leads) goes after the record was written: its lease
 // revoked (the record goes with it), or its key deleted by hand (the
-// record then names a key gone). Either way, the candidate that stepped
-// aside leads next, and no record is left.
+// record then names a key gone). Either way, the next candidate in the
+// queue leads (the one that stepped aside, or the old leader, queued again
+// after its pause), and no record is left.
 func TestHandOverTargetGone(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
@@ -325,13 +334,17 @@ func TestHandOverTargetGone(t *testing.T) {
 			rec, _ := recordKeys(name)
 			eventually(t, "the target holding, b behind it", func() bool {
 				e := inspect(t, ctx, client, name)
-				return len(e) >= 2 && e[0].Key == tkey && e[0].Holds && identified(t, e, "b").Token > target.Token
+				b, ok := find(e, "b")
+				return ok && e[0].Key == tkey && e[0].Holds && b.Token > target.Token
 			})
 			resp, err := client.Get(ctx, rec)
 			if err != nil || len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != lease.ID || !strings.HasSuffix(string(resp.Kvs[0].Value), " "+tkey) {
 				t.Fatalf("the record: got %v, %v; want one naming %s on its lease %x", resp, err, tkey, lease.ID)
 			}
 			d.quiet(300*time.Millisecond, "the target holds")
+			// Next behind the target: b, or a, which queued again after its
+			// pause, maybe before b queued again.
+			next := inspect(t, ctx, client, name)[1]
 
 			if how == "revoked" {
 				_, err = client.Revoke(ctx, lease.ID)
@@ -342,8 +355,8 @@ func TestHandOverTargetGone(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := d.next()
-			if got.who != "b" || got.record != "" || got.term != first.term+1 || got.etcdTerm != got.term {
-				t.Errorf("after the target's key went (%s): got %+v, want b leading in term %d, no record", how, got, first.term+1)
+			if got.leader != next.Key || got.token != next.Token || got.record != "" || got.term != first.term+1 || got.etcdTerm != got.term {
+				t.Errorf("after the target's key went (%s): got %+v, want %s (%s) leading in term %d, no record", how, got, next.Identity, next.Key, first.term+1)
 			}
 			if how == "deleted" {
 				ttl, err := client.TimeToLive(ctx, lease.ID)
