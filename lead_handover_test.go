@@ -242,6 +242,12 @@ func TestHandOver(t *testing.T) {
 		queued(t, client, name, i+2)
 	}
 	before := identified(t, inspect(t, ctx, client, name), "d")
+	fctx, stopFollowing := context.WithCancel(ctx)
+	defer stopFollowing()
+	leaders := etcdlock.FollowLeader(fctx, client, name)
+	if l := <-leaders; l.Identity != "a" {
+		t.Fatalf("FollowLeader before the hand-over: got %+v, want a", l)
+	}
 	d.end("a", etcdlock.HandOver("d"))
 	got := d.next()
 	if got.who != "d" || got.leader != before.Key || got.token != before.Token {
@@ -250,6 +256,17 @@ func TestHandOver(t *testing.T) {
 	if got.term != first.term+1 || got.etcdTerm != got.term || got.record != "" {
 		t.Errorf("d's term: got TermFrom %d, etcd %d, record %q; want %d, %d, none", got.term, got.etcdTerm, got.record, first.term+1, first.term+1)
 	}
+	// Followers see the change as any other: d leads (after b and c, for
+	// the moment each held).
+	for l := range leaders {
+		if l.Key == before.Key {
+			break
+		}
+		if l.Identity != "b" && l.Identity != "c" && l.Key != "" {
+			t.Errorf("FollowLeader during the hand-over: got %+v, want b, c (giving way), or d", l)
+		}
+	}
+	stopFollowing()
 	// b and c held the lock and gave way: they queued again, behind d.
 	e := queued(t, client, name, 4)
 	for _, who := range []string{"b", "c", "a"} {
