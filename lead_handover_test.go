@@ -497,3 +497,27 @@ func TestHandOverRecordNamesNoneBehind(t *testing.T) {
 	}
 	_ = a.stop(t)
 }
+
+// TestHandOverToSelf: a hand-over to the leader's own identity or key names
+// no queued candidate: a plain step down, and with nobody else queued the
+// leader leads again, in the next term, with no record left.
+func TestHandOverToSelf(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	d := newDuties(t, client, name)
+	a := leadAs(ctx, client, name, "a", d)
+	r := d.next()
+	d.end("a", etcdlock.HandOver("a"))
+	if r = d.next(); r.who != "a" || r.term != 2 || r.etcdTerm != 2 || r.record != "" {
+		t.Errorf("after a hand-over to its own identity: got %+v, want a again in term 2, no record", r)
+	}
+	d.end("a", etcdlock.HandOver(r.leader))
+	if r = d.next(); r.who != "a" || r.term != 3 || r.record != "" {
+		t.Errorf("after a hand-over to its own key: got %+v, want a again in term 3, no record", r)
+	}
+	if err := a.stop(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("Lead: got %v, want context.Canceled", err)
+	}
+}
