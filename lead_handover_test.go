@@ -302,15 +302,27 @@ func TestHandOver(t *testing.T) {
 	}
 	t.Logf("events: %v", kinds)
 	asides := 0
+	terms := map[int64]bool{}
 	for _, e := range events {
 		if e.Kind == etcdlock.SteppedAside {
 			asides++
+		}
+		if e.Kind == etcdlock.TermStarted {
+			terms[e.Term] = true
 		}
 		if e.Kind == etcdlock.HandedOver && e.Target == "" && e.Err != nil {
 			t.Errorf("HandedOver to nobody: Err %v, want none", e.Err)
 		}
 	}
-	if asides < 3 { // b and c for d, b for c
+	// a, d, c, the next in the queue; and one more where a candidate led
+	// while the others were being stopped.
+	for n := int64(1); n <= max(4, int64(len(terms))); n++ {
+		if !terms[n] {
+			t.Errorf("TermStarted events: terms %v, want every term from 1, at least to 4", terms)
+			break
+		}
+	}
+	if asides < 3 { // b and c for d, at least one for c
 		t.Errorf("SteppedAside events: got %d, want at least 3", asides)
 	}
 }
