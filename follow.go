@@ -51,7 +51,9 @@ func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueE
 
 // FollowLeader sends the leader of name, as LeaderOf finds it, now and at
 // each change (a new term is one), as Follow does; the zero QueueEntry when
-// nobody leads. Run it beside Lead to learn who leads.
+// nobody leads. Run it beside Lead to learn who leads. A Lead candidate that
+// holds only to give way to one handed over to (HandOver) is sent as the
+// holder it is for that moment; its f does not run.
 func FollowLeader(ctx context.Context, client *clientv3.Client, name string) <-chan QueueEntry {
 	return follow(ctx, client, name, leaderIn, func(a, b []QueueEntry) bool { return leaderIn(a) == leaderIn(b) })
 }

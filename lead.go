@@ -2,9 +2,12 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/handover"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -21,6 +24,13 @@ import (
 // and reported to the observers. WithWatchdog, an f that reports no progress
 // gives up the lead: Lead campaigns again once f returns, and returns
 // ErrStalled where f did not return in time and the Session was closed.
+//
+// f ends its term early by returning StepDown (release, and campaign again
+// after a pause) or HandOver (let a named queued candidate lead next);
+// TermFrom gives it the term's count. Before f runs, Lead reads its
+// records (etcdlock.term.NAME, etcdlock.handover.NAME): a holder that a
+// hand-over passes over gives way without running f. A refusal of etcd's
+// there (permission denied) is returned, f not run.
 func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx context.Context) error, opts ...SessionOption) error {
 	switch {
 	case ctx == nil:
@@ -70,8 +80,9 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 }
 
 // Lead runs f whenever this process leads name, as the function Lead does,
-// but on s. It does not close s, and returns ErrSessionExpired once s has
-// ended (without WithRenewal, when its lease is gone).
+// but on s, with StepDown, HandOver and TermFrom as there. It does not
+// close s, and returns ErrSessionExpired once s has ended (without
+// WithRenewal, when its lease is gone).
 func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
 	if err := validate(s != nil, name, ctx); err != nil {
 		return err
@@ -84,20 +95,25 @@ func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Cont
 
 // lead campaigns and leads on s until ctx ends, f fails, or s ends, pausing
 // between campaigns: 50 ms, doubling to 1 s while terms keep ending within
-// 1 s of their campaign.
+// 1 s of their campaign; a term that ended with StepDown pauses as it says,
+// and a candidate that steps aside for the one handed over to campaigns
+// again at once.
 func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
 	m := NewMutex(s, name)
 	pace := newBackoff()  // between campaigns
 	retry := newBackoff() // after a campaign that failed
 	for {
 		start := time.Now()
-		o := m.do(ctx, waitForever, f)
+		t := leadTerm{s: s, name: name}
+		o := m.do(ctx, waitForever, func(fctx context.Context) error { return t.run(fctx, f) })
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case !o.ran && !s.lockable(o.err):
 			return o.err
-		case !o.ran:
+		case t.claimErr != nil && !retryable(t.claimErr):
+			return t.claimErr // refused by etcd: permission denied, say
+		case !o.ran || t.claimErr != nil:
 			// etcd unreachable, a malformed reply, or the lease lost
 			// (WithRenewal: the next campaign waits for the next one):
 			// campaign again soon.
@@ -111,16 +127,242 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 			return o.err
 		}
 		retry.reset()
+		if t.aside {
+			continue // behind the candidate handed over to, at once
+		}
 		// A term ended. A campaign and term longer than the longest pause
 		// are no spin: the next pause is the first.
 		if time.Since(start) > maxBackoff {
 			pace.reset()
 		}
-		if err := pace.wait(ctx); err != nil {
+		wait := pace.wait
+		if t.end != nil && t.end.to == "" {
+			wait = func(ctx context.Context) error { return sleep(ctx, t.end.pause) }
+			pace.reset()
+		}
+		if err := wait(ctx); err != nil {
 			return err
 		}
 		if s.ended() {
 			return ErrSessionExpired
 		}
 	}
+}
+
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// StepDown returns the error that f, run by Lead (or Session.Lead), returns
+// to end its term and not campaign again for pause: Lead releases the lock
+// once f has returned, as after a nil, so that the next candidate queued
+// (if any) leads; then it waits pause, or until its ctx ends (it then
+// returns ctx.Err()), and campaigns again, behind whoever queued meanwhile.
+// Lead does not return it. StepDown(0) is a nil return without the pause
+// between campaigns. A negative pause gives an error wrapping
+// ErrInvalidArgument instead, which Lead returns as f's error (the lock
+// released, nothing left behind). Like filepath.SkipDir, it is a value to
+// return, not a call that acts: it ends the term only when f returns it
+// (wrapped or not), and outside Lead it is an error like any other.
+// StepDown cannot stop the other candidates: with none queued, this
+// process leads again after pause.
+func StepDown(pause time.Duration) error {
+	if pause < 0 {
+		return fmt.Errorf("%w: StepDown: pause %v, want >= 0", ErrInvalidArgument, pause)
+	}
+	return &termEnd{pause: pause}
+}
+
+// HandOver returns the error that f, run by Lead (or Session.Lead), returns
+// to end its term and let the candidate named to lead next, ahead of those
+// queued before it. to is a queued candidate's key (as Inspect lists it) or
+// its identity (WithIdentity: the oldest waiter with it); never this
+// process's own key. Once f has returned, Lead reads the queue and, in one
+// Txn guarded by its key and by the candidate's, puts a record that names
+// the candidate's key and token, on the candidate's lease; then it
+// releases the lock as after a nil, and campaigns again after the usual
+// pause, behind the candidate. A Lead candidate that holds the lock before
+// the named one gives way without running f (SteppedAside), and queues
+// again at once; the named one deletes the record as its term begins.
+//
+// The record names one hold of the candidate: once the candidate's lease
+// has ended, the record is gone with it; once its key is deleted, the
+// record names a key gone, and the next candidate leads as if there were
+// none. So a hand-over never keeps the lock from the candidates for longer
+// than the named one's key lasts, and it never runs two f at once. A
+// Mutex, concurrency.Mutex or etcdctl lock between the leader and the
+// named one takes the lock in turn, as ever: only Lead reads the record.
+//
+// When no candidate is queued under to, or the record cannot be put (the
+// candidate left, etcd unreachable for 5 s), the term ends as after a nil:
+// the next in the queue leads, and the observers hear HandedOver with no
+// Target (and Err). The empty to gives an error wrapping
+// ErrInvalidArgument, which Lead returns as f's error (the lock released,
+// nothing left behind). Outside Lead, it is an error like any other.
+func HandOver(to string) error {
+	if to == "" {
+		return fmt.Errorf("%w: HandOver: no candidate named", ErrInvalidArgument)
+	}
+	return &termEnd{to: to}
+}
+
+// A termEnd is how f asks Lead to end its term: StepDown's or HandOver's.
+type termEnd struct {
+	pause time.Duration // StepDown's
+	to    string        // HandOver's candidate
+}
+
+func (e *termEnd) Error() string {
+	if e.to != "" {
+		return fmt.Sprintf("etcdlock: hand over to %q (an f run by Lead returns this)", e.to)
+	}
+	return fmt.Sprintf("etcdlock: step down for %v (an f run by Lead returns this)", e.pause)
+}
+
+type termKey struct{}
+
+// TermFrom returns the term count of the Lead whose f's context ctx derives
+// from, and false outside any: 1 for the first term of the lock's name, one
+// more for each term after, whichever process led it (client-go's
+// LeaderTransitions, counting the first). The count is the Version of the
+// key etcdlock.term.NAME ("/" and "%" written %XX), which each new leader
+// puts in a Txn guarded by its hold and by the Version it read: a term
+// counts once, even where a put is sent again or applied late. Only Lead
+// counts: a Mutex, concurrency.Mutex or etcdctl lock holding the name in
+// between adds nothing, and a candidate that steps aside for a hand-over
+// adds nothing. The key has no lease: deleting it starts the count again
+// at 1. A term whose count was put, but whose start then failed (etcd
+// unreachable for 5 s), is counted without running f.
+func TermFrom(ctx context.Context) (int64, bool) {
+	n, ok := ctx.Value(termKey{}).(int64)
+	return n, ok
+}
+
+// claimTimeout bounds a new holder's reads and writes of the records, and
+// handOverTimeout a leader's hand-over, each attempt bounded by
+// recordCallTimeout.
+const (
+	claimTimeout      = 5 * time.Second
+	handOverTimeout   = 5 * time.Second
+	recordCallTimeout = 2 * time.Second
+)
+
+// A leadTerm is one hold of a Lead: how its term began and ended.
+type leadTerm struct {
+	s    *Session
+	name string
+
+	claimErr error    // the term could not begin: f did not run
+	aside    bool     // the holder gave way to the candidate handed over to
+	end      *termEnd // f ended the term with StepDown or HandOver
+}
+
+// run begins the term of the hold in fctx (or steps aside), runs f, and
+// hands over if f asks to.
+func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) error {
+	held, _ := HoldFrom(fctx)
+	me := handover.Candidate{Key: held.Key, Token: held.Token}
+	e := Event{Lock: t.name, Primitive: KindMutex, Lease: held.Lease, Key: held.Key, Token: held.Token}
+	verdict, n, to, err := t.claim(fctx, me)
+	switch {
+	case err != nil:
+		t.claimErr = err
+		return nil
+	case verdict == handover.Lost:
+		t.claimErr = ErrLockLost
+		return nil
+	case verdict == handover.StepAside:
+		t.aside = true
+		e.Kind, e.Target = SteppedAside, to.Key
+		t.s.events.emit(e)
+		return nil
+	}
+	e.Kind, e.Term = TermStarted, n
+	t.s.events.emit(e)
+	err = f(context.WithValue(fctx, termKey{}, n))
+	if !errors.As(err, &t.end) {
+		return err
+	}
+	if t.end.to != "" {
+		e.Kind, e.Term = HandedOver, 0
+		e.Target, e.Err = t.handOver(context.WithoutCancel(fctx), me, t.end.to)
+		t.s.events.emit(e)
+	}
+	return nil
+}
+
+// claim reads the records as the new holder me, and counts its term, or
+// says to step aside; it tries again for claimTimeout while etcd fails.
+func (t *leadTerm) claim(ctx context.Context, me handover.Candidate) (handover.Verdict, int64, handover.Candidate, error) {
+	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, recordCallTimeout)
+		v, n, to, err := handover.Claim(cctx, t.s.Client(), t.name, me)
+		ccancel()
+		if err == nil || !retryable(err) {
+			return v, n, to, err
+		}
+		if err := sleep(ctx, firstBackoff); err != nil {
+			return 0, 0, handover.Candidate{}, errorf("lead", t.name, err)
+		}
+	}
+}
+
+// handOver puts the record that hands the lock over from me to the oldest
+// waiter whose key or identity is to; it returns the key handed over to,
+// or "" (and why, if etcd failed) when there was none, or the record could
+// not be put.
+func (t *leadTerm) handOver(ctx context.Context, me handover.Candidate, to string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
+	defer cancel()
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, recordCallTimeout)
+		key, err := t.giveOnce(cctx, me, to)
+		ccancel()
+		if err == nil || !retryable(err) {
+			return key, err
+		}
+		if err := sleep(ctx, firstBackoff); err != nil {
+			return "", err
+		}
+	}
+}
+
+// giveOnce is one read of the queue and one Txn of handOver.
+func (t *leadTerm) giveOnce(ctx context.Context, me handover.Candidate, to string) (string, error) {
+	entries, err := Inspect(ctx, t.s.Client(), t.name)
+	if err != nil {
+		return "", err
+	}
+	for _, e := range entries {
+		if e.Holds || e.Kind != KindMutex || e.Key == me.Key || (e.Key != to && e.Identity != to) {
+			continue
+		}
+		ok, err := handover.Give(ctx, t.s.Client(), t.name, me, handover.Candidate{Key: e.Key, Token: e.Token}, e.Lease)
+		if !ok {
+			return "", err
+		}
+		return e.Key, nil
+	}
+	return "", nil
+}
+
+// retryable reports whether err, from etcd, may pass: not a refusal, nor
+// bad input.
+func retryable(err error) bool {
+	switch {
+	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrAuthNotEnabled),
+		errors.Is(err, rpctypes.ErrInvalidAuthToken), errors.Is(err, ErrInvalidArgument):
+		return false
+	}
+	return true
 }

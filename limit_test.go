@@ -14,13 +14,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
 // limitRecord returns the value of name's limit record in etcd, "" if none.
 func limitRecord(t *testing.T, client *clientv3.Client, name string) string {
 	t.Helper()
-	resp, err := client.Get(testContext(t), "etcdlock.limit."+name)
+	resp, err := client.Get(testContext(t), queue.LimitKey(name))
 	if err != nil {
 		t.Fatalf("read the limit record: %v", err)
 	}

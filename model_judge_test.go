@@ -32,6 +32,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/queue"
 )
 
 // lossBound is how long after a loss a hold's Done may still be open: 2 s
@@ -232,7 +233,7 @@ func (w *world) holds(h modelHold, rl rule) (bool, string) {
 func (w *world) limitRecord(pfx string, limit int) (int, int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	resp, err := w.root.Get(ctx, "etcdlock.limit."+strings.TrimSuffix(pfx, "/"))
+	resp, err := w.root.Get(ctx, queue.LimitKey(strings.TrimSuffix(pfx, "/")))
 	if err != nil {
 		w.t.Fatalf("judge: read the limit record: %v", err)
 	}

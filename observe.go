@@ -44,6 +44,9 @@ const (
 	SessionClosed  EventKind = "session_closed"  // Close was called, or the WithContext context ended: the Session's holds have ended; the last event
 	SessionFailed  EventKind = "session_failed"  // a lease could not be had (etcd unreachable, say) and will be tried again: by Lead (Lock, Err) or a Session made WithRenewal (Err)
 	LeaseRenewed   EventKind = "lease_renewed"   // a Session made WithRenewal has a new lease after losing one: Lease, OldLease, TTL
+	TermStarted    EventKind = "term_started"    // Lead holds the lock and is about to run f: Key, Token, Term
+	HandedOver     EventKind = "handed_over"     // Lead's f returned HandOver: Target, the key handed over to; "" when none was (then Err if etcd failed)
+	SteppedAside   EventKind = "stepped_aside"   // Lead held the lock handed over to another, and releases it without running f: Target
 )
 
 // An Outcome is how an acquisition ended.
@@ -95,6 +98,8 @@ type Event struct {
 	Margin     time.Duration // KeptAlive: how long the lease still had when the renewal was answered or gave up (docs/observability.md)
 	TTL        time.Duration // KeptAlive: the lease's TTL, which Margin counts down from
 	Dropped    int           // EventsDropped
+	Term       int64         // TermStarted: the term's count (TermFrom)
+	Target     string        // HandedOver, SteppedAside: the key of the candidate handed over to
 }
 
 // eventBuffer is how many events may wait for slow observers.
@@ -306,6 +311,19 @@ func (o logObserver) Observe(e Event) {
 		o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: no new lease yet; retrying", slog.String("lost", fmt.Sprintf("%x", e.Lease)), slog.String("error", e.Err.Error()))
 	case LeaseRenewed:
 		o.l.LogAttrs(ctx, slog.LevelInfo, "etcdlock: new lease", slog.String("lease", fmt.Sprintf("%x", e.Lease)), slog.String("lost", fmt.Sprintf("%x", e.OldLease)))
+	case TermStarted:
+		o.l.LogAttrs(ctx, slog.LevelInfo, "etcdlock: leading", append(attrs, slog.Int64("term", e.Term))...)
+	case HandedOver:
+		if e.Target == "" {
+			if e.Err != nil {
+				attrs = append(attrs, slog.String("error", e.Err.Error()))
+			}
+			o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: hand-over to nobody: stepped down", attrs...)
+			return
+		}
+		o.l.LogAttrs(ctx, slog.LevelInfo, "etcdlock: handed over", append(attrs, slog.String("to", e.Target))...)
+	case SteppedAside:
+		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: stepped aside", append(attrs, slog.String("for", e.Target))...)
 	case SessionClosed:
 		o.l.LogAttrs(ctx, slog.LevelDebug, "etcdlock: session closed", slog.String("lease", fmt.Sprintf("%x", e.Lease)))
 	default:

@@ -19,6 +19,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -179,7 +180,7 @@ func TestLockPermissions(t *testing.T) {
 	env := authServer(t,
 		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
 		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)),
-		permission{"etcdlock.limit." + name, "", clientv3.PermissionType(clientv3.PermRead)})
+		permission{queue.LimitKey(name), "", clientv3.PermissionType(clientv3.PermRead)})
 	root, user := env.root, env.user
 	fault := &txnFault{}
 	c, err := clientv3.New(clientv3.Config{
@@ -227,5 +228,49 @@ func TestLockPermissions(t *testing.T) {
 	}
 	if leaseAlive(t, root, held) {
 		t.Error("the lease outlived Close")
+	}
+}
+
+// TestLeadPermissions: a role with read and write on name/, the fence keys
+// and Lead's records (etcdlock.term., etcdlock.handover.) is enough for Lead
+// to lead, count its terms and hand over; with the lock's keys and the
+// fence alone, Lead returns etcd's refusal (permission denied) once it
+// holds, having run nothing and left no key.
+func TestLeadPermissions(t *testing.T) {
+	testflags.Parallel(t)
+	name := "perm/" + t.Name()
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	_, termKey := recordKeys(name)
+	env := authServer(t, prefixPermission(name+"/", rw), prefixPermission("etcdlock.fence.", rw),
+		prefixPermission("etcdlock.handover.", rw), permission{termKey, "", rw})
+	ctx := testContext(t)
+	d := newDuties(t, env.user, name)
+	a := leadAs(ctx, env.user, name, "a", d)
+	if r := d.next(); r.who != "a" || r.term != 1 || r.etcdTerm != 1 {
+		t.Errorf("the first term under the role: got %+v, want a's, counted 1", r)
+	}
+	b := leadAs(ctx, env.user, name, "b", d)
+	queued(t, env.root, name, 2)
+	d.end("a", etcdlock.HandOver("b"))
+	if r := d.next(); r.who != "b" || r.term != 2 || r.etcdTerm != 2 {
+		t.Errorf("after a handed over to b: got %+v, want b's term, counted 2", r)
+	}
+	_ = a.stop(t)
+	_ = b.stop(t)
+
+	other := "perm/" + t.Name() + "-records-refused"
+	_, err := env.root.RoleGrantPermission(ctx, env.role, other+"/", clientv3.GetPrefixRangeEnd(other+"/"), rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = etcdlock.Lead(ctx, env.user, other, func(context.Context) error {
+		t.Errorf("f ran without the permission to count its term")
+		return nil
+	})
+	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Errorf("Lead without permission on its records: got %v, want permission denied", err)
+	}
+	if keys := lockKeys(t, env.root, other); len(keys) != 0 {
+		t.Errorf("keys after Lead returned: got %q, want none", keys)
 	}
 }

@@ -5,6 +5,7 @@ package etcdlock_test
 // case it comes in, and the faults injected at one of them.
 
 import (
+	"bytes"
 	"context"
 	"reflect"
 	"strings"
@@ -40,9 +41,13 @@ const (
 	callKeepAlive  call = "keepalive"   // the lease's keep-alive
 	callHistory    call = "history"     // a read at a past revision: lock-delay's read of the queue as our key found it
 	callLeaseTTL   call = "lease-ttl"   // a lease's time to live: lock-delay's question, whether a lease ahead is gone
-	callQueueRead  call = "queue-read"  // a read of a lock's queue at the current revision: CheckFence's; with a Semaphore's limit record: SetLimit's, ReadLimit's
+	callQueueRead  call = "queue-read"  // a read of a lock's queue at the current revision: CheckFence's, a hand-over's; with a Semaphore's limit record: SetLimit's, ReadLimit's
 	callSetLimit   call = "set-limit"   // SetLimit's write of the limit record, guarded by the holders read
 	callLimitWatch call = "limit-watch" // a Semaphore's head waiter's watch of the limit record
+	callTermRead   call = "term-read"   // a new leader's read of the hand-over record and the term count, guarded by its key
+	callTerm       call = "term"        // its put of the term count (and delete of the record), guarded by its key and the count's version
+	callAside      call = "aside"       // its check that the candidate handed over to is still queued: compares only
+	callHandOver   call = "handover"    // a leader's put of the hand-over record, guarded by its key and the candidate's
 )
 
 // A fault is what the matrix does to one call.
@@ -173,6 +178,9 @@ func classify(method string, req any) (call, bool) {
 		return "", false
 	}
 	txn := req.(*pb.TxnRequest)
+	if c, ok := classifyRecords(txn); ok {
+		return c, true
+	}
 	var puts, deletes, ranges, prefixRanges int
 	limitRead := false
 	for _, op := range txn.Success {
@@ -224,6 +232,39 @@ func classify(method string, req any) (call, bool) {
 		return callCheck, true
 	}
 	return "", false
+}
+
+// classifyRecords names a Txn of Lead's records (internal/handover): one
+// that names the hand-over record or the term count in a compare or an op.
+func classifyRecords(txn *pb.TxnRequest) (call, bool) {
+	record := func(k []byte) bool {
+		return bytes.Contains(k, []byte("etcdlock.handover.")) || bytes.Contains(k, []byte("etcdlock.term."))
+	}
+	var records, puts, reads, handOver bool
+	for _, c := range txn.Compare {
+		records = records || record(c.Key)
+	}
+	for _, op := range txn.Success {
+		switch {
+		case op.GetRequestPut() != nil:
+			k := op.GetRequestPut().Key
+			records, puts = records || record(k), true
+			handOver = handOver || bytes.Contains(k, []byte("etcdlock.handover."))
+		case op.GetRequestRange() != nil:
+			records, reads = records || record(op.GetRequestRange().Key), true
+		}
+	}
+	switch {
+	case !records:
+		return "", false
+	case handOver:
+		return callHandOver, true
+	case puts:
+		return callTerm, true
+	case reads:
+		return callTermRead, true
+	}
+	return callAside, true
 }
 
 // inSetup reports whether the case is in its warm-up, where nothing is

@@ -6,6 +6,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -48,7 +49,7 @@ func TestLimit(t *testing.T) {
 			t.Fatalf("limit %q: stdout %q, want …%q", tc.args, r.stdout, tc.want)
 		}
 	}
-	resp, err := client.Get(t.Context(), "etcdlock.limit."+name)
+	resp, err := client.Get(t.Context(), queue.LimitKey(name))
 	if err != nil || len(resp.Kvs) != 1 || !strings.HasPrefix(string(resp.Kvs[0].Value), "limit=1 ") {
 		t.Fatalf("the record in etcd: %v, %v", resp, err)
 	}

@@ -28,8 +28,19 @@ import (
 // LimitRecordPrefix begins the key of every semaphore's limit record.
 const LimitRecordPrefix = "etcdlock.limit."
 
-// LimitKey returns the key of the limit record of the semaphore called name.
-func LimitKey(name string) string { return LimitRecordPrefix + name }
+// LimitKey returns the key of the limit record of the semaphore called name:
+// etcdlock.limit.<name>, the name as RecordName writes it.
+func LimitKey(name string) string { return LimitRecordPrefix + RecordName(name) }
+
+// recordEscape writes "%" and "/" as %XX.
+var recordEscape = strings.NewReplacer("%", "%25", "/", "%2F")
+
+// RecordName returns name as the key of a record beside its queue writes it
+// (a semaphore's limit, Lead's term count and hand-over): "%" and "/" as
+// %25 and %2F, so that the record's key is its name's alone and lies under
+// no lock's prefix (the record of "a/b" would otherwise be a member of the
+// queue of a lock called "etcdlock.limit.a").
+func RecordName(name string) string { return recordEscape.Replace(name) }
 
 // SemaphoreValue returns the value of a permit's key: the limit the holder
 // was made with, its weight (written only above 1), and its identity.
