@@ -419,6 +419,7 @@ func (a *goroutine) acquireN(r *rand.Rand, wait time.Duration, n int) {
 	}
 	if err == nil {
 		var h modelHold
+		a.w.stats.permits.Add(1)
 		a.gained(&h, c, modelHold{keys: []string{p.Key()}, token: p.Token(), done: p.Done()}, rule{kind: ruleAmongFirst, prefix: a.w.semName() + "/", n: modelLimit})
 		a.mu.Lock()
 		a.permits = append(a.permits, p)
@@ -441,6 +442,9 @@ func (a *goroutine) setLimit(r *rand.Rand) {
 	defer cancel()
 	err := etcdlock.SetLimit(ctx, a.ms.session().Client(), a.w.semName(), limit)
 	a.w.log.add("g%d: SetLimit(%d): %v", a.i, limit, err)
+	if err == nil {
+		a.w.stats.limits.Add(1)
+	}
 	if errors.Is(err, etcdlock.ErrInvalidArgument) || errors.Is(err, etcdlock.ErrLimitMismatch) {
 		a.w.t.Errorf("g%d: SetLimit(%d): %v", a.i, limit, err)
 	}

@@ -38,6 +38,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -80,13 +81,15 @@ func TestModel(t *testing.T) {
 			t.Fatalf("sequence failed: rerun it with ETCDLOCK_MODEL_SEED=%d", s)
 		}
 	}
-	t.Logf("%d sequences, %d steps (%d answers judged, %d faults) in %v",
-		stats.sequences.Load(), stats.steps.Load(), stats.judged.Load(), stats.faults.Load(), time.Since(start).Round(time.Second))
+	t.Logf("%d sequences, %d steps (%d answers judged, %d faults; %d permits given, %d limits set) in %v",
+		stats.sequences.Load(), stats.steps.Load(), stats.judged.Load(), stats.faults.Load(),
+		stats.permits.Load(), stats.limits.Load(), time.Since(start).Round(time.Second))
 }
 
 // modelStats counts what the sequences did.
 type modelStats struct {
 	sequences, steps, judged, faults atomic.Int64
+	permits, limits                  atomic.Int64 // Semaphore acquisitions given, SetLimit calls that wrote
 }
 
 // A world is one sequence's etcd, Sessions and goroutines.
@@ -146,7 +149,7 @@ func runModel(t *testing.T, seed uint64, end time.Time, stats *modelStats) {
 	}()
 	w.prefix = "model/" + strconv.FormatUint(seed, 36)
 	perm := clientv3.PermissionType(clientv3.PermReadWrite)
-	env := authServer(t, prefixPermission(w.prefix+"/", perm), prefixPermission("etcdlock.fence.", perm))
+	env := authServer(t, w.permissions(perm)...)
 	w.root, w.role = env.root, env.role
 	defer w.close() // before the setup: a failed connect still closes the clients made, or the proxies' cleanup waits for them
 	for i, spec := range modelSessions {
@@ -341,15 +344,26 @@ func (w *world) setWrites(on bool) {
 	if on {
 		perm = clientv3.PermissionType(clientv3.PermReadWrite)
 	}
-	for _, pfx := range []string{w.prefix + "/", "etcdlock.fence."} {
-		if _, err := w.root.RoleRevokePermission(ctx, w.role, pfx, clientv3.GetPrefixRangeEnd(pfx)); err != nil {
+	for _, p := range w.permissions(perm) {
+		if _, err := w.root.RoleRevokePermission(ctx, w.role, p.key, p.end); err != nil {
 			w.t.Fatalf("revoke permission: %v", err)
 		}
-		if _, err := w.root.RoleGrantPermission(ctx, w.role, pfx, clientv3.GetPrefixRangeEnd(pfx), perm); err != nil {
+		if _, err := w.root.RoleGrantPermission(ctx, w.role, p.key, p.end, p.perm); err != nil {
 			w.t.Fatalf("grant permission: %v", err)
 		}
 	}
 	w.writes = on
+}
+
+// permissions are the role's, as README gives them for the sequence's
+// locks: its prefix, the fence keys, and the Semaphore's limit record
+// (written by SetLimit).
+func (w *world) permissions(perm clientv3.PermissionType) []permission {
+	return []permission{
+		prefixPermission(w.prefix+"/", perm),
+		prefixPermission("etcdlock.fence.", perm),
+		{queue.LimitKey(w.semName()), "", perm},
+	}
 }
 
 // partition cuts ms off from etcd for longer than the TTL: its lease
