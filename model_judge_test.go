@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -61,11 +62,12 @@ type modelCall struct {
 	prior        modelHold // the goroutine's hold of that kind before
 	doneOpen     bool      // the prior hold's Done was still open
 	othersBefore bool      // another goroutine held or used the lock, or etcd had a key of it
+	epoch        int64     // the world's writeEpoch at the call's start: odd while writes are forbidden
 }
 
 func (a *goroutine) begin(what string, names []string, prior modelHold) modelCall {
 	others := a.othersActive(names) || len(a.w.keysUnder(names)) > 0
-	return modelCall{what: what, names: names, prior: prior, doneOpen: prior.n == 0 || !isClosed(prior.done), othersBefore: others}
+	return modelCall{what: what, names: names, prior: prior, doneOpen: prior.n == 0 || !isClosed(prior.done), othersBefore: others, epoch: a.w.writeEpoch.Load()}
 }
 
 // gained judges a call that answered held, and counts the hold in target.
@@ -115,6 +117,8 @@ func (a *goroutine) refused(c modelCall, err error, wouldDeadlock bool) {
 		w.judgeLost(a, c.what, c.prior.done)
 	case errors.Is(err, etcdlock.ErrNotHeld), errors.Is(err, etcdlock.ErrInvalidName), errors.Is(err, etcdlock.ErrInvalidArgument):
 		w.t.Errorf("g%d: %s: got %v", a.i, c.what, err)
+	case errors.Is(err, rpctypes.ErrPermissionDenied) && c.epoch%2 == 0 && w.writeEpoch.Load() == c.epoch:
+		w.t.Errorf("g%d: %s: got %v, while the role had every permission README gives", a.i, c.what, err)
 	}
 	if wouldDeadlock && !errors.Is(err, etcdlock.ErrWouldDeadlock) && err != nil && errors.Is(err, context.DeadlineExceeded) {
 		w.t.Errorf("g%d: %s by a goroutine that holds one of its names another way: got %v, want ErrWouldDeadlock", a.i, c.what, err)

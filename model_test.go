@@ -106,6 +106,10 @@ type world struct {
 	log      *stepLog
 	late     sync.WaitGroup // requests applied late
 	writes   bool           // the role may write
+	// writeEpoch counts the changes of the role's permissions (a forbid or
+	// allow), so that an actor can tell whether the role had every
+	// permission README gives through a whole call.
+	writeEpoch atomic.Int64
 }
 
 // A modelSession is one Session of the sequence, with the client it uses
@@ -353,6 +357,7 @@ func (w *world) setWrites(on bool) {
 		}
 	}
 	w.writes = on
+	w.writeEpoch.Add(1)
 }
 
 // permissions are the role's, as README gives them for the sequence's
