@@ -72,7 +72,7 @@ func ExampleHandOver() {
 		}
 	}
 	done = append(done, replica("replica-3"))
-	<-led // replica-2, ahead of replica-3 in the queue, steps aside
+	<-led // replica-3's term: replica-2, ahead of it in the queue, stepped aside
 	stop()
 	for _, d := range done {
 		<-d

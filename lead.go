@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/handover"
@@ -99,6 +103,11 @@ func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Cont
 // and a candidate that steps aside for the one handed over to campaigns
 // again at once.
 func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
+	if h, ok := HoldFrom(ctx); ok && slices.Contains(strings.Split(h.Name, ","), name) {
+		// Its campaigns would be re-entries of the hold ctx carries: terms
+		// without end, none of them a campaign.
+		return fmt.Errorf("%w: Lead of %q in the scope of a hold of it (a Do's or a Lead's f): end that hold first", ErrInvalidArgument, name)
+	}
 	m := NewMutex(s, name)
 	pace := newBackoff()  // between campaigns
 	retry := newBackoff() // after a campaign that failed
@@ -271,7 +280,13 @@ func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) 
 	held, _ := HoldFrom(fctx)
 	me := handover.Candidate{Key: held.Key, Token: held.Token}
 	e := Event{Lock: t.name, Primitive: KindMutex, Lease: held.Lease, Key: held.Key, Token: held.Token}
-	verdict, n, to, err := t.claim(fctx, me)
+	// The claim and the hand-over are Lead's calls, not f's: the
+	// watchdog does not count them.
+	var verdict handover.Verdict
+	var n int64
+	var to handover.Candidate
+	var err error
+	exempt(fctx, func() { verdict, n, to, err = t.claim(fctx, me) })
 	switch {
 	case err != nil:
 		t.claimErr = err
@@ -287,13 +302,17 @@ func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) 
 	}
 	e.Kind, e.Term = TermStarted, n
 	t.s.events.emit(e)
-	err = f(context.WithValue(fctx, termKey{}, n))
+	// f's context ends when f returns, as Do's does: before a hand-over,
+	// which may take a while.
+	termCtx, endTerm := context.WithCancel(context.WithValue(fctx, termKey{}, n))
+	err = f(termCtx)
+	endTerm()
 	if !errors.As(err, &t.end) {
 		return err
 	}
 	if t.end.to != "" {
 		e.Kind, e.Term = HandedOver, 0
-		e.Target, e.Err = t.handOver(context.WithoutCancel(fctx), me, t.end.to)
+		exempt(fctx, func() { e.Target, e.Err = t.handOver(context.WithoutCancel(fctx), me, t.end.to) })
 		t.s.events.emit(e)
 	}
 	return nil
@@ -304,15 +323,19 @@ func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) 
 func (t *leadTerm) claim(ctx context.Context, me handover.Candidate) (handover.Verdict, int64, handover.Candidate, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
+	id := strconv.FormatUint(rand.Uint64(), 36) // this claim's, for every try
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, recordCallTimeout)
-		v, n, to, err := handover.Claim(cctx, t.s.Client(), t.name, me)
+		v, n, to, err := handover.Claim(cctx, t.s.Client(), t.name, me, id)
 		ccancel()
-		if err == nil || !retryable(err) {
-			return v, n, to, err
+		switch {
+		case err == nil:
+			return v, n, to, nil
+		case !retryable(err):
+			return v, n, to, errorf("lead", t.name, err)
 		}
-		if err := sleep(ctx, firstBackoff); err != nil {
-			return 0, 0, handover.Candidate{}, errorf("lead", t.name, err)
+		if serr := sleep(ctx, firstBackoff); serr != nil {
+			return 0, 0, handover.Candidate{}, errorf("lead", t.name, errors.Join(serr, err))
 		}
 	}
 }
@@ -331,8 +354,8 @@ func (t *leadTerm) handOver(ctx context.Context, me handover.Candidate, to strin
 		if err == nil || !retryable(err) {
 			return key, err
 		}
-		if err := sleep(ctx, firstBackoff); err != nil {
-			return "", err
+		if serr := sleep(ctx, firstBackoff); serr != nil {
+			return "", errors.Join(serr, err)
 		}
 	}
 }

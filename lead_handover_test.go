@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -258,13 +259,18 @@ func TestHandOver(t *testing.T) {
 	}
 	// Followers see the change as any other: d leads (after b and c, for
 	// the moment each held).
+	sawD := false
 	for l := range leaders {
 		if l.Key == before.Key {
+			sawD = true
 			break
 		}
 		if l.Identity != "b" && l.Identity != "c" && l.Key != "" {
 			t.Errorf("FollowLeader during the hand-over: got %+v, want b, c (giving way), or d", l)
 		}
+	}
+	if !sawD {
+		t.Errorf("FollowLeader never showed d leading")
 	}
 	stopFollowing()
 	// b and c held the lock and gave way: they queued again, behind d.
@@ -531,5 +537,116 @@ func TestHandOverToSelf(t *testing.T) {
 	}
 	if err := a.stop(t); !errors.Is(err, context.Canceled) {
 		t.Errorf("Lead: got %v, want context.Canceled", err)
+	}
+}
+
+// TestLeadInScope: a Lead of a name in the scope of a hold of it (its
+// campaigns would be re-entries of that hold) is ErrInvalidArgument, f not
+// run.
+func TestLeadInScope(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	s := newSession(t, client)
+	err := etcdlock.NewMutex(s, name).Do(ctx, func(ctx context.Context) error {
+		return s.Lead(ctx, name, func(context.Context) error {
+			t.Error("f ran in the scope of a hold of its name")
+			return nil
+		})
+	})
+	if !errors.Is(err, etcdlock.ErrInvalidArgument) {
+		t.Errorf("Session.Lead in a Do of the same name: got %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestTermCountLocalHandoff: two Leads of one name on one Session with
+// WithLocalHandoff pass one key (one hold) between their goroutines; each
+// of their terms is counted once in etcd, though the hold is the same.
+func TestTermCountLocalHandoff(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	s := newSession(t, client, etcdlock.WithTTL(5*time.Second), etcdlock.WithLocalHandoff(4))
+	var mu sync.Mutex
+	var terms []int64
+	started := make(chan struct{}, 16)
+	f := func(ctx context.Context) error {
+		n, _ := etcdlock.TermFrom(ctx)
+		mu.Lock()
+		terms = append(terms, n)
+		mu.Unlock()
+		started <- struct{}{}
+		time.Sleep(100 * time.Millisecond)
+		return etcdlock.StepDown(0)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { _ = s.Lead(lctx, name, f) })
+	}
+	for range 4 {
+		<-started
+	}
+	cancel()
+	wg.Wait()
+	_, termKey := recordKeys(name)
+	resp, err := client.Get(ctx, termKey)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the term key: %v, %v", resp, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("terms %v; the count in etcd %d", terms, resp.Kvs[0].Version)
+	seen := map[int64]bool{}
+	for _, n := range terms {
+		if n < 1 || seen[n] {
+			t.Errorf("terms %v: each term must have a count of its own", terms)
+			break
+		}
+		seen[n] = true
+	}
+	if got, want := resp.Kvs[0].Version, slices.Max(terms); got != want {
+		t.Errorf("the count in etcd is %d, the last term's %d", got, want)
+	}
+}
+
+// TestHandOverWatchdog: a hand-over is Lead's call, not f's: with
+// WithWatchdog of 1 s, a hand-over slowed by etcd (its queue read applied
+// late: the first try gives up after 2 s) does not make the watchdog cancel
+// the term or close the Session: Lead goes on, the one handed over to
+// leads.
+func TestHandOverWatchdog(t *testing.T) {
+	testflags.Parallel(t)
+	srv, healthy := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	sm := newSeam(callQueueRead, faultLate, 1)
+	sm.enter(phaseHold, nil)
+	t.Cleanup(sm.late.Wait)
+	faulted := serverClient(t, srv, sm.unary, sm.stream)
+	d := newDuties(t, healthy, name)
+	x := leadAs(ctx, faulted, name, "x", d, etcdlock.WithWatchdog(time.Second))
+	if r := d.next(); r.who != "x" {
+		t.Fatalf("first leader: %s", r.who)
+	}
+	k := leadAs(ctx, healthy, name, "k", d)
+	defer k.stop(t)
+	queued(t, healthy, name, 2)
+	d.end("x", etcdlock.HandOver("k"))
+	if r := d.next(); r.who != "k" {
+		t.Fatalf("after the hand-over: %s leads, want k", r.who)
+	}
+	select {
+	case err := <-x.result:
+		t.Fatalf("Lead of x returned after a hand-over slowed by etcd: %v", err)
+	case <-time.After(time.Second):
+	}
+	if err := x.stop(t); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Lead of x, stopped: %v", err)
+	}
+	if sm.fires() != 1 {
+		t.Errorf("the fault fired %d times, want once", sm.fires())
 	}
 }

@@ -249,14 +249,19 @@ func TestLeadPermissions(t *testing.T) {
 	if r := d.next(); r.who != "a" || r.term != 1 || r.etcdTerm != 1 {
 		t.Errorf("the first term under the role: got %+v, want a's, counted 1", r)
 	}
-	b := leadAs(ctx, env.user, name, "b", d)
+	// c is queued between: only the record, written under the role, makes
+	// b lead next.
+	c := leadAs(ctx, env.user, name, "c", d)
 	queued(t, env.root, name, 2)
+	b := leadAs(ctx, env.user, name, "b", d)
+	queued(t, env.root, name, 3)
 	d.end("a", etcdlock.HandOver("b"))
 	if r := d.next(); r.who != "b" || r.term != 2 || r.etcdTerm != 2 {
 		t.Errorf("after a handed over to b: got %+v, want b's term, counted 2", r)
 	}
 	_ = a.stop(t)
 	_ = b.stop(t)
+	_ = c.stop(t)
 
 	other := "perm/" + t.Name() + "-records-refused"
 	_, err := env.root.RoleGrantPermission(ctx, env.role, other+"/", clientv3.GetPrefixRangeEnd(other+"/"), rw)

@@ -12,6 +12,7 @@ import (
 // A watchdog watches one run of f.
 type watchdog struct {
 	period  time.Duration
+	paused  atomic.Bool  // Lead's own calls run, not f: no period runs out
 	last    atomic.Int64 // Unix ns of the last progress, or of f's start
 	stalled atomic.Bool  // f's context was cancelled for want of progress
 	closed  atomic.Bool  // and the Session closed, f not returning
@@ -52,6 +53,10 @@ func (d *watchdog) run(stop <-chan struct{}, cancel func(), end func()) {
 		if closed(stop) { // f returned as the period ran out: it was in time
 			return
 		}
+		if d.paused.Load() {
+			timer.Reset(d.period)
+			continue
+		}
 		idle := time.Since(time.Unix(0, d.last.Load()))
 		if idle < d.period {
 			timer.Reset(d.period - idle)
@@ -62,15 +67,42 @@ func (d *watchdog) run(stop <-chan struct{}, cancel func(), end func()) {
 		break
 	}
 	timer.Reset(d.period)
-	select {
-	case <-stop:
-	case <-timer.C:
+	for {
+		select {
+		case <-stop:
+			return
+		case <-timer.C:
+		}
 		if closed(stop) {
 			return
 		}
+		if d.paused.Load() {
+			// f returned; Lead's hand-over runs.
+			timer.Reset(d.period)
+			continue
+		}
 		d.closed.Store(true)
 		end()
+		return
 	}
+}
+
+// exempt runs fn with the watchdog of ctx, if any, paused: Lead's own calls
+// before and after f (its claim of a term, its hand-over) are not f's work,
+// and a slow etcd must not make the watchdog cancel f or close the Session.
+// The period starts again when fn returns.
+func exempt(ctx context.Context, fn func()) {
+	d, _ := ctx.Value(watchdogKey{}).(*watchdog)
+	if d == nil {
+		fn()
+		return
+	}
+	d.paused.Store(true)
+	defer func() {
+		d.last.Store(time.Now().UnixNano())
+		d.paused.Store(false)
+	}()
+	fn()
 }
 
 // closed reports whether ch is closed, without waiting.

@@ -84,14 +84,18 @@ const (
 // count and deleted a record that named me or named a key gone; StepAside
 // with the candidate the record names, while that candidate's key is
 // there; Lost when me's key is gone. A term whose put was applied without
-// its reply is found by the next Claim of the same hold (the count's value
-// names the hold), which returns it, not a new one. A record that names
+// its reply is found by the next Claim with the same claim id (the count's
+// value names the hold and the claim: the caller's id, the same for each
+// try of one claim, another for each claim, as one hold can begin several
+// terms, its key passed between goroutines of a process), which returns
+// it, not a new one. A record that names
 // no key behind me's (a Mutex queue's holder has none ahead) is deleted,
 // as one that names a key gone: a key of another queue under the name can
 // never make every holder give way. On an error the records may have been
 // written or not.
-func Claim(ctx context.Context, kv clientv3.KV, name string, me Candidate) (Verdict, int64, Candidate, error) {
+func Claim(ctx context.Context, kv clientv3.KV, name string, me Candidate, claim string) (Verdict, int64, Candidate, error) {
 	rec, term := RecordKey(name), TermKey(name)
+	mine := me.value() + " " + claim // the count's value: this claim's, not only this hold's
 	for {
 		resp, err := kv.Txn(ctx).If(me.there()).Then(clientv3.OpGet(rec), clientv3.OpGet(term)).Commit()
 		switch {
@@ -105,7 +109,7 @@ func Claim(ctx context.Context, kv clientv3.KV, name string, me Candidate) (Verd
 			return 0, 0, Candidate{}, queue.ErrMalformed
 		}
 		r, c := first(resp.Responses[0]), first(resp.Responses[1])
-		if c != nil && string(c.Value) == me.value() {
+		if c != nil && string(c.Value) == mine {
 			return Lead, c.Version, Candidate{}, nil // our put, its reply lost
 		}
 		var version int64
@@ -113,7 +117,7 @@ func Claim(ctx context.Context, kv clientv3.KV, name string, me Candidate) (Verd
 			version = c.Version
 		}
 		cmps := []clientv3.Cmp{me.there(), clientv3.Compare(clientv3.Version(term), "=", version)}
-		ops := []clientv3.Op{clientv3.OpPut(term, me.value()), clientv3.OpGet(term)}
+		ops := []clientv3.Op{clientv3.OpPut(term, mine), clientv3.OpGet(term)}
 		if r == nil {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(rec), "=", 0))
 		} else {
