@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 var (
@@ -78,6 +79,15 @@ func validate(hasSession bool, name string, ctx context.Context) error {
 		return ErrInvalidName
 	}
 	return nil
+}
+
+// validateClient is validate for a call on a client: a nil context or
+// client is ErrInvalidArgument, wrapped; the empty name ErrInvalidName.
+func validateClient(ctx context.Context, client *clientv3.Client, name string) error {
+	if client == nil && ctx != nil {
+		return fmt.Errorf("%w: nil client", ErrInvalidArgument)
+	}
+	return validate(true, name, ctx)
 }
 
 // Errors that never leave the package.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
@@ -42,13 +41,8 @@ func inspectAt(ctx context.Context, client *clientv3.Client, name string) (entri
 
 // readQueue is inspectAt for the operation op, which its errors name.
 func readQueue(ctx context.Context, client *clientv3.Client, name, op string) (entries []QueueEntry, rev int64, err error) {
-	switch {
-	case ctx == nil:
-		return nil, 0, fmt.Errorf("%w: nil context", ErrInvalidArgument)
-	case client == nil:
-		return nil, 0, fmt.Errorf("%w: nil client", ErrInvalidArgument)
-	case name == "":
-		return nil, 0, ErrInvalidName
+	if err := validateClient(ctx, client, name); err != nil {
+		return nil, 0, err
 	}
 	kvs, rec, rev, err := readKeys(ctx, client, name, false)
 	if err != nil {

@@ -47,14 +47,10 @@ const maxLimitKeys = 120
 // limits); etcd's error, or ctx's, wrapped, where the record may or may
 // not have been written (ReadLimit tells).
 func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) error {
-	switch {
-	case ctx == nil:
-		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
-	case client == nil:
-		return fmt.Errorf("%w: nil client", ErrInvalidArgument)
-	case name == "":
-		return ErrInvalidName
-	case limit < 1:
+	if err := validateClient(ctx, client, name); err != nil {
+		return err
+	}
+	if limit < 1 {
 		return errorf("set limit", name, fmt.Errorf("%w: a Semaphore's limit must be at least 1, got %d", ErrInvalidArgument, limit))
 	}
 	for tries := 1; ; tries++ {
@@ -166,13 +162,8 @@ func oneLimit(name string, members []*mvccpb.KeyValue) (int, error) {
 // one read,
 // and writes nothing; it returns Inspect's errors.
 func ReadLimit(ctx context.Context, client *clientv3.Client, name string) (int, error) {
-	switch {
-	case ctx == nil:
-		return 0, fmt.Errorf("%w: nil context", ErrInvalidArgument)
-	case client == nil:
-		return 0, fmt.Errorf("%w: nil client", ErrInvalidArgument)
-	case name == "":
-		return 0, ErrInvalidName
+	if err := validateClient(ctx, client, name); err != nil {
+		return 0, err
 	}
 	kvs, rec, _, err := readKeys(ctx, client, name, true)
 	if err != nil {

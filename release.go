@@ -35,13 +35,10 @@ import (
 // else etcd's error, wrapped, where the delete may or may not have been
 // applied (Inspect tells).
 func Release(ctx context.Context, client *clientv3.Client, name string, e QueueEntry) error {
+	if err := validateClient(ctx, client, name); err != nil {
+		return err
+	}
 	switch {
-	case ctx == nil:
-		return fmt.Errorf("%w: nil context", ErrInvalidArgument)
-	case client == nil:
-		return fmt.Errorf("%w: nil client", ErrInvalidArgument)
-	case name == "":
-		return ErrInvalidName
 	case e.Key == name+"/" || !inQueue(name+"/", []byte(e.Key)):
 		return errorf("release", name, fmt.Errorf("%w: %q is not a key of the lock's queue", ErrInvalidArgument, e.Key))
 	case e.Token <= 0:
