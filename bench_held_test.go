@@ -3,7 +3,10 @@ package etcdlock_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,8 +17,24 @@ import (
 	"github.com/etcdlock/etcdlock"
 )
 
-// benchHeldCounts are the numbers of locks of BenchmarkHeldLocks.
-var benchHeldCounts = []int{1, 100, 10000}
+// benchHeldCounts are the numbers of locks of BenchmarkHeldLocks;
+// ETCDLOCK_HELD_LOCKS, a comma-separated list (such as 100,10000,100000),
+// replaces them.
+func benchHeldCounts(b *testing.B) []int {
+	v := os.Getenv("ETCDLOCK_HELD_LOCKS")
+	if v == "" {
+		return []int{1, 100, 10000}
+	}
+	var counts []int
+	for f := range strings.SplitSeq(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("ETCDLOCK_HELD_LOCKS=%q: want counts such as 100,10000", v)
+		}
+		counts = append(counts, n)
+	}
+	return counts
+}
 
 // benchHeldWorkers is how many goroutines take the locks of
 // BenchmarkHeldLocks, each its share, and later release them (an etcdlock
@@ -114,7 +133,7 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 // (clientv3 closes its stream when the last watch on it ends).
 func BenchmarkHeldLocks(b *testing.B) {
 	endpoint := childServer(b)
-	for _, n := range benchHeldCounts {
+	for _, n := range benchHeldCounts(b) {
 		b.Run(fmt.Sprintf("locks=%d", n), func(b *testing.B) {
 			for _, kind := range benchHoldKinds {
 				b.Run(kind.name, func(b *testing.B) { benchHeld(b, endpoint, n, kind) })
@@ -124,7 +143,7 @@ func BenchmarkHeldLocks(b *testing.B) {
 }
 
 func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
-	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout+time.Duration(n)*2*time.Millisecond)
 	defer cancel()
 	e := &benchServer{endpoints: []string{endpoint}}
 	take, release := kind.open(b, e.client(b))
@@ -168,10 +187,11 @@ func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
 		close(start)
 		taken.Wait()
 		var err error
+		settled := time.Now()
 		if kind.done {
-			err = benchWaitCreated(ctx, e, created+int64(n))
+			settled, err = benchWaitWatches(ctx, e, created)
 		}
-		took += float64(time.Since(t))
+		took += float64(settled.Sub(t))
 		after := benchMeasure()
 		close(end)
 		wg.Wait()
@@ -216,17 +236,27 @@ func benchMeasure() benchMemory {
 	return benchMemory{heap: ms.HeapAlloc, stack: ms.StackInuse, allocated: ms.TotalAlloc, allocs: ms.Mallocs, goroutines: runtime.NumGoroutine()}
 }
 
-// benchWaitCreated waits until etcd has confirmed want watch creations to
-// e's clients.
-func benchWaitCreated(ctx context.Context, e *benchServer, want int64) error {
-	for e.created.Load() < want {
+// benchWaitWatches waits until the loss signals asked for are watched:
+// etcd has confirmed a watch creation to e's clients since created were,
+// has confirmed every creation sent, and none came for 200 ms. It returns
+// when the last came.
+func benchWaitWatches(ctx context.Context, e *benchServer, created int64) (time.Time, error) {
+	const quiet = 200 * time.Millisecond
+	last, since := e.created.Load(), time.Now()
+	for {
+		now := e.created.Load()
+		switch {
+		case now != last || e.watches.Load() != now:
+			last, since = now, time.Now()
+		case now > created && time.Since(since) >= quiet:
+			return since, nil
+		}
 		t := time.NewTimer(time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%d watches confirmed, want %d: %w", e.created.Load(), want, ctx.Err())
+			return since, fmt.Errorf("%d watches confirmed, %d sent: %w", e.created.Load(), e.watches.Load(), ctx.Err())
 		case <-t.C:
 		}
 	}
-	return nil
 }
