@@ -794,8 +794,9 @@ func (mc *matrixCase) noActorKeys(eventual bool, format string, args ...any) {
 	}
 }
 
-// holder reports whether key is among the lock's holders in etcd.
-func (mc *matrixCase) holder(key string) bool {
+// holder reports whether key is among the lock's holders in etcd; with
+// prefix, whether a holder's key begins with it.
+func (mc *matrixCase) holder(key string, prefix bool) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	name := mc.name
@@ -807,17 +808,29 @@ func (mc *matrixCase) holder(key string) bool {
 		return false
 	}
 	// key is as the client sent it: on an external etcd, under the test's
-	// prefix, which Inspect's keys are not.
-	i := slices.IndexFunc(entries, func(e etcdlock.QueueEntry) bool { return strings.HasSuffix(key, e.Key) && e.Holds })
+	// prefix, which Inspect's keys are not. A prefix shared by the keys of
+	// a hold is at least the lock's name.
+	match := func(e etcdlock.QueueEntry) bool {
+		if !prefix {
+			return strings.HasSuffix(key, e.Key)
+		}
+		for i := range len(key) - len(mc.name) + 1 {
+			if strings.HasPrefix(e.Key, key[i:]) {
+				return true
+			}
+		}
+		return false
+	}
+	i := slices.IndexFunc(entries, func(e etcdlock.QueueEntry) bool { return e.Holds && match(e) })
 	if i < 0 {
 		return false
 	}
 	if !slices.Contains(mc.leases(), entries[i].Lease) {
 		return true // another's hold: a wait's watch of the key ahead
 	}
-	// Our key holds: a loss monitor's watch once the acquisition has
-	// returned, else the wait's. Do's and Lead's monitor starts as they
-	// return: wait a little for it.
+	// Our key holds: a loss watch once the acquisition has returned, else
+	// the wait's. Do's and Lead's loss watch starts as they return: wait a
+	// little for it.
 	wctx, wcancel := context.WithTimeout(ctx, time.Second)
 	defer wcancel()
 	return waitUntil(wctx, mc.returned.Load) == nil
