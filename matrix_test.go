@@ -234,7 +234,7 @@ type matrixCase struct {
 	// Do and Lead: once f runs). A watch of our key opened before it is the
 	// wait's own watch, even where our key already holds (a wait's watch
 	// opened late, on a loaded machine); only one opened after can be the
-	// loss monitor's. Do and Lead open their loss monitor just before f
+	// loss watch's. Do and Lead ask for their loss signal just before f
 	// runs: its watch waits for returned (holder).
 	returned atomic.Bool
 }
@@ -618,7 +618,7 @@ func (mc *matrixCase) holdAndRelease(ctx context.Context, a actor, key string, t
 			_ = waitUntil(wctx, fired)
 			cancel()
 		} else {
-			eventually(t, "the loss monitor's watch", fired)
+			eventually(t, "the loss watch", fired)
 		}
 		mc.hand(faultDeleted)
 		mc.closesAfter(done, gone, stranded)
@@ -666,7 +666,8 @@ func (mc *matrixCase) holdAndRelease(ctx context.Context, a actor, key string, t
 
 // firesWithin reports whether the fault fires within d: at once outside the
 // sweep, where it must; in the sweep, a later occurrence of a call may never
-// come (a loss monitor opens a second watch only after the first failed),
+// come (a loss watch opens a second watch only after the first failed, or
+// for a key outside its prefix),
 // and the case then checks a hold with no fault.
 func (mc *matrixCase) firesWithin(ctx context.Context, d time.Duration) bool {
 	if !mc.sweep {
