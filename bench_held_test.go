@@ -112,8 +112,9 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 
 // BenchmarkHeldLocks: one Session (one lease, one client) with n distinct
 // locks: held (etcdlock, upstream), held with Mutex.Done called on each
-// (etcdlock-done: Done starts one goroutine and one watch per hold, on its
-// first call), only made with NewMutex and never locked (-idle), or, as the
+// (etcdlock-done: each hold joins the loss watch of the Session's lease
+// term, which runs one goroutine and one watch for all of them), only made
+// with NewMutex and never locked (-idle), or, as the
 // floor of any lock, n keys put with the lease (put). etcd runs in a child
 // process, so that the heap and goroutines measured are the client's only.
 // Each iteration takes the n locks, benchHeldWorkers goroutines at a time,
