@@ -169,7 +169,8 @@ func TestSetLimitBadInput(t *testing.T) {
 			t.Errorf("SetLimit, %s: got %v, want %v", tc.what, err, tc.want)
 		}
 	}
-	if _, err := etcdlock.ReadLimit(nil, client, name); !errors.Is(err, etcdlock.ErrInvalidArgument) { //nolint:staticcheck // a nil context on purpose
+	//lint:ignore SA1012 a nil context on purpose
+	if _, err := etcdlock.ReadLimit(nil, client, name); !errors.Is(err, etcdlock.ErrInvalidArgument) {
 		t.Errorf("ReadLimit(nil ctx): got %v, want ErrInvalidArgument", err)
 	}
 	if n, err := etcdlock.ReadLimit(ctx, client, name); err != nil || n != 0 {
