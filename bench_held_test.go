@@ -36,6 +36,15 @@ func benchHeldCounts(b *testing.B) []int {
 	return counts
 }
 
+// benchHeldRereadTTL is the TTL of the etcdlock Sessions of
+// BenchmarkHeldLocks when ETCDLOCK_HELD_REREAD=1, which counts the Txns of
+// the loss signals' safety re-read: their holds are kept two TTLs more, and
+// the Txns the client sent meanwhile are counted.
+const benchHeldRereadTTL = 10 * time.Second
+
+// benchHeldReread reports whether ETCDLOCK_HELD_REREAD=1.
+func benchHeldReread() bool { return os.Getenv("ETCDLOCK_HELD_REREAD") == "1" }
+
 // benchHeldWorkers is how many goroutines take the locks of
 // BenchmarkHeldLocks, each its share, and later release them (an etcdlock
 // hold belongs to the goroutine that took it).
@@ -94,7 +103,11 @@ var benchHoldKinds = []benchHoldKind{
 // benchHoldEtcdlock opens etcdlock holds, calling Done on each if done.
 func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(context.Context, string) (any, error), func(context.Context, string, any) error) {
 	return func(tb testing.TB, c *clientv3.Client) (func(context.Context, string) (any, error), func(context.Context, string, any) error) {
-		s := benchSession(tb, c)
+		var opts []etcdlock.SessionOption
+		if benchHeldReread() {
+			opts = append(opts, etcdlock.WithTTL(benchHeldRereadTTL))
+		}
+		s := benchSession(tb, c, opts...)
 		return func(ctx context.Context, name string) (any, error) {
 				m := etcdlock.NewMutex(s, name)
 				if err := m.LockContext(ctx); err != nil {
@@ -127,6 +140,8 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 //	                   wall time, bytes and allocations of taking one lock (with
 //	                   etcdlock-done, of its Done and watch too)
 //
+// and, with ETCDLOCK_HELD_REREAD=1 (etcdlock-done, TTL 10 s), rereads/ttl:
+// the Txns sent in two TTLs while the locks are held, halved;
 // and, over the whole run (the Session lives through all iterations):
 // keepalive-streams, the LeaseKeepAlive streams the client opened;
 // keepalive-leases, the leases its keep-alive requests named; keepalives,
@@ -154,7 +169,7 @@ func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
 	}
 	held := make([]any, n) // made before the measure, so that it is not counted
 	workers := min(n, benchHeldWorkers)
-	var heap, stack, goroutines, took, allocated, allocs float64
+	var heap, stack, goroutines, took, allocated, allocs, rereads float64
 	iters := 0
 	for b.Loop() {
 		var (
@@ -194,6 +209,11 @@ func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
 		}
 		took += float64(settled.Sub(t))
 		after := benchMeasure()
+		if kind.done && benchHeldReread() {
+			txns := e.txns.Load()
+			time.Sleep(2 * benchHeldRereadTTL)
+			rereads += float64(e.txns.Load()-txns) / 2
+		}
 		close(end)
 		wg.Wait()
 		for _, werr := range append(errs, err) {
@@ -219,6 +239,9 @@ func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
 	b.ReportMetric(float64(e.keptAlive()), "keepalive-leases")
 	b.ReportMetric(float64(e.keepAlives.Load()), "keepalives")
 	b.ReportMetric(float64(e.watchStreams.Load())/float64(iters), "watch-streams")
+	if kind.done && benchHeldReread() {
+		b.ReportMetric(rereads/float64(iters), "rereads/ttl")
+	}
 }
 
 // benchMemory is the process's memory and goroutines at one moment.
