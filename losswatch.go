@@ -198,8 +198,12 @@ func (w *lossWatch) run(tm *leaseTerm) {
 	defer r.work.Wait()
 	defer cancel()
 	defer r.unwatch()
+	// The silence timer is armed while the lease has time left before the
+	// early warning: a hold added after it, when etcd has acknowledged a
+	// keep-alive again, arms it anew.
 	silence := time.NewTimer(tm.untilSilent())
 	defer silence.Stop()
+	armed := true
 	reread := time.NewTicker(tm.ttl)
 	defer reread.Stop()
 	for {
@@ -216,21 +220,21 @@ func (w *lossWatch) run(tm *leaseTerm) {
 		case <-reread.C:
 			r.fullDue = true
 		case <-silence.C:
-			if d := tm.untilSilent(); d > 0 {
-				silence.Reset(d)
-			} else {
-				r.loseAll(LossKeepAliveSilent)
-			}
+			armed = false
 		}
 		if r.done() {
 			return
 		}
-		if tm.untilSilent() <= 0 && ctx.Err() == nil {
-			// Holds added after the silence began.
+		d := tm.untilSilent()
+		if d <= 0 && ctx.Err() == nil {
 			r.loseAll(LossKeepAliveSilent)
 			if r.done() {
 				return
 			}
+		}
+		if !armed && d > 0 {
+			silence.Reset(d)
+			armed = true
 		}
 		r.read()
 	}
