@@ -95,7 +95,7 @@ func lockCalls(tries bool, extra call) []call {
 		calls = append(calls, callTry, callTryRead)
 	}
 	return append(calls, callRead, extra, callCleanup, callRelease, callBackground,
-		callWatch, callOwnWatch, callLossWatch, callKeepAlive)
+		callWatch, callOwnWatch, callLossWatch, callKeepAlive, callLossRead)
 }
 
 // faultsOf lists the faults a call can suffer.
@@ -610,6 +610,26 @@ func (mc *matrixCase) holdAndRelease(ctx context.Context, a actor, key string, t
 	}
 	gone := mc.follow(key, token)
 	switch {
+	case mc.at == callLossRead:
+		// The safety re-read comes a TTL after Done was asked for.
+		// A late read is given up by the loss watch first: only then is
+		// it queued, to be applied before settle.
+		wctx, cancel := context.WithTimeout(ctx, 2*matrixTTL)
+		_ = waitUntil(wctx, func() bool {
+			return mc.sm.fires() > 0 && (mc.fault != faultLate || mc.sm.lateQueued() > 0)
+		})
+		cancel()
+		if mc.removes() {
+			mc.closesAfter(done, gone, 4*time.Second)
+			break
+		}
+		// A read that failed tells nothing: the hold goes on.
+		time.Sleep(300 * time.Millisecond)
+		if isClosed(done) && !isClosed(gone.ch) {
+			if quiet := mc.sm.silence(time.Now()); quiet < matrixTTL*2/3 {
+				t.Errorf("Done closed after the %s fault on %s, with etcd still holding the key and its lease", mc.fault, mc.at)
+			}
+		}
 	case mc.at == callLossWatch && mc.fault == faultEvent:
 		fired := func() bool { return mc.sm.fires() > 0 || isClosed(done) }
 		if mc.sweep {

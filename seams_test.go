@@ -101,6 +101,7 @@ type seam struct {
 	cancel context.CancelFunc // the caller's context, for faultLate
 	late   sync.WaitGroup     // late requests not yet applied
 	lateOK int                // late requests applied without error
+	queued int                // late requests given up by their caller, to be applied
 	leases []clientv3.LeaseID // leases granted through this client
 	acks   []time.Time        // when each keep-alive acknowledgement was let through
 }
@@ -131,6 +132,14 @@ func (s *seam) settle() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lateOK
+}
+
+// lateQueued returns how many late requests their callers have given up
+// on: each is applied lateBy later.
+func (s *seam) lateQueued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queued
 }
 
 // silence returns how long no keep-alive acknowledgement had come at time
@@ -334,6 +343,9 @@ func (s *seam) applyLate(ctx context.Context, method string, req, reply any, cc 
 	case <-time.After(testTimeout):
 	}
 	req = proto.Clone(req.(proto.Message))
+	s.mu.Lock()
+	s.queued++
+	s.mu.Unlock()
 	s.late.Go(func() {
 		time.Sleep(lateBy)
 		lctx, lcancel := context.WithTimeout(context.Background(), testTimeout)
