@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"context"
 	"errors"
-	"math"
 	"strings"
 	"sync"
 	"time"
@@ -157,26 +156,40 @@ type lossNote struct {
 type lossRun struct {
 	w   *lossWatch
 	tm  *leaseTerm
-	ctx context.Context // the run's reads': ends with the run
+	ctx context.Context // the run's reads' and watches': ends with the run
 
-	// The watch: a forwarding goroutine opens it (which can block while
-	// etcd is unreachable, and must not hold up the silence timer) and
-	// passes its responses on.
-	responses   chan watched // the current watch's; nil while none runs
-	stopWatch   context.CancelFunc
-	watchPrefix string
-	seen        int64 // the watch has passed every event up to this revision
-	// broken: the watch ended (its history compacted, or it failed); a
-	// full read restarts it.
+	// The watches: one of the prefix every key shares; or, once etcd has
+	// refused that one (its authentication grants the lock's queues, not
+	// what lies between them), one per lock queue (name/) of the keys.
+	streams map[string]*lossStream // by prefix
+	events  chan streamed          // every watch's responses
+	grouped bool                   // one watch per lock queue
+	// broken: a watch ended (its history compacted, or it failed); a full
+	// read restarts them all.
 	broken bool
 
 	// The reads: one round at a time, by a goroutine of its own.
 	reading  bool
 	results  chan lossRead
 	fullDue  bool          // read every key next round
-	checkDue []lossSubject // read these next round: added after the watch passed their creation
+	checkDue []lossSubject // read these next round: added after a watch passed their creation
 
 	work sync.WaitGroup // the forwarders, readers and reporters of this run
+}
+
+// A lossStream is one watch of deletes under a prefix, opened by a
+// goroutine that passes its responses on: opening a watch blocks while
+// etcd is unreachable, and must not hold up the silence timer.
+type lossStream struct {
+	prefix string
+	stop   context.CancelFunc
+	seen   int64 // it has passed every event up to this revision
+}
+
+// A streamed is one response of a lossStream, or its close.
+type streamed struct {
+	st  *lossStream
+	res watched
 }
 
 // A lossRead is what a round of reads found: for each key read, the
@@ -194,7 +207,7 @@ type readAt struct{ rev, create int64 }
 func (w *lossWatch) run(tm *leaseTerm) {
 	ctx := tm.ctx()
 	rctx, cancel := context.WithCancel(ctx)
-	r := &lossRun{w: w, tm: tm, ctx: rctx, results: make(chan lossRead, 1)}
+	r := &lossRun{w: w, tm: tm, ctx: rctx, streams: make(map[string]*lossStream), events: make(chan streamed), results: make(chan lossRead, 1)}
 	defer r.work.Wait()
 	defer cancel()
 	defer r.unwatch()
@@ -212,8 +225,8 @@ func (w *lossWatch) run(tm *leaseTerm) {
 			r.loseAll(LossSessionClosed)
 		case <-w.wake:
 			r.look()
-		case res := <-r.responses:
-			r.watched(res)
+		case ev := <-r.events:
+			r.watched(ev.st, ev.res)
 		case got := <-r.results:
 			r.reading = false
 			r.judge(got)
@@ -253,8 +266,36 @@ func (r *lossRun) done() bool {
 	return true
 }
 
+// queuePrefix returns the prefix of the lock queue key is in: the key up
+// to its last "/", included.
+func queuePrefix(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
+
+// prefixOf returns the prefix of the watch that is to cover key: the one
+// every key shares, w.prefix (with w.mu held); grouped, key's queue's.
+func (r *lossRun) prefixOf(key string) string {
+	if r.grouped {
+		return queuePrefix(key)
+	}
+	return r.w.prefix
+}
+
+// streamOf returns the watch that covers key, or nil.
+func (r *lossRun) streamOf(key string) *lossStream {
+	if r.grouped {
+		return r.streams[queuePrefix(key)]
+	}
+	for _, st := range r.streams {
+		if strings.HasPrefix(key, st.prefix) {
+			return st
+		}
+	}
+	return nil
+}
+
 // look takes the subjects added and capped since the last look: the capped
-// are lost; the added are watched.
+// are lost; the added are watched, from their creation on, by a watch
+// opened or reopened for them where none covers them, and read once where
+// one covers them but has passed their creation.
 func (r *lossRun) look() {
 	w := r.w
 	w.mu.Lock()
@@ -266,72 +307,113 @@ func (r *lossRun) look() {
 			lost = append(lost, lossNote{sub, LossMaxHold})
 		}
 	}
-	rewatch := false
-	from := int64(math.MaxInt64)
-	if r.responses != nil {
-		from = r.seen + 1
-	}
+	open := make(map[string]int64) // prefix: from
 	for _, sub := range fresh {
 		if _, ok := w.subjects[sub]; !ok {
 			continue
 		}
-		tok := sub.lossToken()
-		switch {
-		case r.broken || (r.responses != nil && r.covers(sub) && tok < r.seen):
-			// The watch may have passed its delete before it was ours to
-			// judge, or none runs until a read restarts it: read it.
+		if r.broken {
+			// None runs until a read restarts them: read it.
 			r.checkDue = append(r.checkDue, sub)
-		case r.responses == nil || !r.covers(sub):
-			// Watched from its creation on.
-			rewatch = true
-			from = min(from, tok+1)
+			continue
+		}
+		tok := sub.lossToken()
+		check := false
+		for _, k := range sub.lossKeys() {
+			switch st := r.streamOf(k); {
+			case st == nil:
+				p := r.prefixOf(k)
+				if from, ok := open[p]; !ok || tok+1 < from {
+					open[p] = tok + 1
+				}
+			case tok < st.seen:
+				// It may have passed the delete before it was ours to
+				// judge.
+				check = true
+			}
+		}
+		if check {
+			r.checkDue = append(r.checkDue, sub)
 		}
 	}
-	prefix := w.prefix
 	w.mu.Unlock()
 	r.lose(lost)
-	if rewatch {
-		r.watch(prefix, from)
-	}
-}
-
-// covers reports whether the running watch covers every key of sub.
-func (r *lossRun) covers(sub lossSubject) bool {
-	for _, k := range sub.lossKeys() {
-		if !strings.HasPrefix(k, r.watchPrefix) {
-			return false
+	for p, from := range open {
+		if !r.grouped {
+			// The shared prefix is shorter: the watch reopens on it,
+			// from where the old one was.
+			for _, st := range r.streams {
+				from = min(from, st.seen+1)
+			}
+			r.unwatch()
 		}
+		r.watch(p, from)
 	}
-	return true
 }
 
-// watch (re)opens the watch of deletes under prefix, from revision from.
+// watch opens the watch of deletes under prefix, from revision from.
 func (r *lossRun) watch(prefix string, from int64) {
-	r.unwatch()
 	ctx, cancel := context.WithCancel(r.ctx)
-	out := make(chan watched)
-	r.responses, r.stopWatch, r.watchPrefix, r.seen, r.broken = out, cancel, prefix, from-1, false
-	client := r.tm.client
+	st := &lossStream{prefix: prefix, stop: cancel, seen: from - 1}
+	r.streams[prefix] = st
+	client, out := r.tm.client, r.events
 	r.work.Go(func() {
-		forward(ctx, client.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithFilterPut()), out)
+		wch := client.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithFilterPut())
+		for {
+			res, ok := <-wch
+			select {
+			case out <- streamed{st, watched{res, ok}}:
+			case <-ctx.Done():
+				return
+			}
+			if !ok {
+				return
+			}
+		}
 	})
 }
 
-// unwatch stops the watch, if one runs.
+// unwatch stops every watch.
 func (r *lossRun) unwatch() {
-	if r.stopWatch != nil {
-		r.stopWatch()
+	for p, st := range r.streams {
+		st.stop()
+		delete(r.streams, p)
 	}
-	r.responses, r.stopWatch = nil, nil
 }
 
-// watched judges one response of the watch: a delete of a key after a
+// rewatch opens the watches of every key from revision from.
+func (r *lossRun) rewatch(from int64) {
+	w := r.w
+	w.mu.Lock()
+	prefixes := map[string]bool{w.prefix: true}
+	if r.grouped {
+		clear(prefixes)
+		for k := range w.byKey {
+			prefixes[queuePrefix(k)] = true
+		}
+	}
+	w.mu.Unlock()
+	for p := range prefixes {
+		r.watch(p, from)
+	}
+}
+
+// watched judges one response of the watch st: a delete of a key after a
 // subject's creation loses it. A watch that ends (compacted, failed) is
-// replaced after a read of every key, from that read.
-func (r *lossRun) watched(res watched) {
+// replaced, with the others, after a read of every key, from that read;
+// one etcd refuses, of the shared prefix, by one watch per lock queue.
+func (r *lossRun) watched(st *lossStream, res watched) {
+	if r.streams[st.prefix] != st {
+		return // stopped since
+	}
 	wr := res.wr
-	if !res.ok || wr.Err() != nil || wr.Canceled {
+	if err := wr.Err(); !res.ok || err != nil || wr.Canceled {
 		r.unwatch()
+		if !r.grouped && refused(err) {
+			r.grouped = true
+			r.rewatch(st.seen + 1)
+			return
+		}
 		r.broken, r.fullDue = true, true
 		return
 	}
@@ -342,7 +424,7 @@ func (r *lossRun) watched(res watched) {
 		if ev.Kv == nil {
 			continue
 		}
-		r.seen = max(r.seen, ev.Kv.ModRevision)
+		st.seen = max(st.seen, ev.Kv.ModRevision)
 		if ev.Type != mvccpb.DELETE {
 			continue
 		}
@@ -458,11 +540,11 @@ func (r *lossRun) judge(got lossRead) {
 	for _, n := range lost {
 		w.drop(n.sub)
 	}
-	prefix := w.prefix
 	w.mu.Unlock()
 	r.lose(lost)
 	if r.broken && got.full && complete && oldest > 0 {
-		r.watch(prefix, oldest+1)
+		r.broken = false
+		r.rewatch(oldest + 1)
 	}
 	// Otherwise, unknown: the next read decides, and the silence timer
 	// runs meanwhile.
@@ -502,6 +584,13 @@ func (r *lossRun) lose(lost []lossNote) {
 			n.sub.report(n.why, gone)
 		}
 	})
+}
+
+// refused reports whether err, a watch's, says that etcd refused it for
+// want of permission. clientv3 passes a cancelled watch's reason on as
+// text.
+func refused(err error) bool {
+	return err != nil && (errors.Is(err, rpctypes.ErrPermissionDenied) || strings.Contains(err.Error(), rpctypes.ErrPermissionDenied.Error()))
 }
 
 // leaseGone asks etcd, within lossReadTimeout, whether the term's lease is

@@ -5,6 +5,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
@@ -338,4 +341,63 @@ func seq(n int) []int {
 		s[i] = i
 	}
 	return s
+}
+
+// TestLossWatchPermissions: where etcd's authentication grants the lock
+// queues alone (README, Permissions), holds of two locks whose shared
+// prefix is not granted are still watched: the watch of that prefix, which
+// etcd refuses, gives way to one per lock queue, with no read meanwhile,
+// and a delete closes the right Done.
+func TestLossWatchPermissions(t *testing.T) {
+	testflags.Parallel(t)
+	base := "perm/" + t.Name()
+	a, b := base+"/a", base+"/b"
+	env := authServer(t,
+		prefixPermission(a+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
+		prefixPermission(b+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
+		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)))
+	var reads atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if c, ok := classify(method, req); ok && c == callLossRead {
+			reads.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: env.user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: "locker", Password: "lockerpw",
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := newSession(t, c, etcdlock.WithTTL(5*time.Second))
+	ctx := testContext(t)
+	ma, mb := etcdlock.NewMutex(s, a), etcdlock.NewMutex(s, b)
+	for _, m := range []*etcdlock.Mutex{ma, mb} {
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatalf("LockContext: %v", err)
+		}
+	}
+	dones := []<-chan struct{}{ma.Done(), mb.Done()}
+	time.Sleep(500 * time.Millisecond) // the shared prefix's watch is refused
+	if _, err := env.root.Delete(ctx, mb.Key()); err != nil {
+		t.Fatal(err)
+	}
+	onlyClosed(t, "one of two keys was deleted", dones, 1)
+	if _, err := env.root.Delete(ctx, ma.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(dones[0], doneBound); !ok {
+		t.Errorf("Done %v after the other key was deleted: got open, want closed", doneBound)
+	}
+	if n := reads.Load(); n > 0 {
+		t.Errorf("the loss watch's reads within a TTL: got %d, want none (its watches alone)", n)
+	}
+	for _, m := range []*etcdlock.Mutex{ma, mb} {
+		if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("UnlockContext of a lost hold: got %v, want ErrLockLost", err)
+		}
+	}
 }
