@@ -15,9 +15,10 @@ import (
 // A term's loss watch: one goroutine per lease term, while any of its holds
 // has a loss signal, watches for all of them. Keep-alive silence is the
 // lease's, so one timer serves every hold; one watch of deletes over the
-// longest prefix shared by their keys sees any of them deleted; and the
-// safety re-read, once a TTL, reads their keys 128 to a Txn (etcd's default
-// limit of operations in a Txn).
+// longest prefix shared by their keys (where etcd refuses it, one per lock
+// queue) sees any of them deleted; and the safety re-read, once a TTL,
+// reads their keys 128 to a Txn (etcd's default limit of operations in a
+// Txn).
 
 const (
 	// lossReadTimeout bounds the read that tells a deleted key from a
@@ -52,7 +53,7 @@ type lossWatch struct {
 	byKey    map[string][]lossSubject // the subjects of each key
 	fresh    []lossSubject            // added since the goroutine last looked
 	capped   []lossSubject            // whose cap has passed (maxhold.go)
-	prefix   string                   // shared by every key of the subjects
+	prefix   string                   // shared by every key added since the goroutine started: it only shortens
 	wake     chan struct{}            // tells the goroutine to look (capacity 1)
 }
 
