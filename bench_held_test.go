@@ -3,7 +3,10 @@ package etcdlock_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,8 +17,33 @@ import (
 	"github.com/etcdlock/etcdlock"
 )
 
-// benchHeldCounts are the numbers of locks of BenchmarkHeldLocks.
-var benchHeldCounts = []int{1, 100, 10000}
+// benchHeldCounts are the numbers of locks of BenchmarkHeldLocks;
+// ETCDLOCK_HELD_LOCKS, a comma-separated list (such as 100,10000,100000),
+// replaces them.
+func benchHeldCounts(b *testing.B) []int {
+	v := os.Getenv("ETCDLOCK_HELD_LOCKS")
+	if v == "" {
+		return []int{1, 100, 10000}
+	}
+	var counts []int
+	for f := range strings.SplitSeq(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("ETCDLOCK_HELD_LOCKS=%q: want counts such as 100,10000", v)
+		}
+		counts = append(counts, n)
+	}
+	return counts
+}
+
+// benchHeldRereadTTL is the TTL of the etcdlock Sessions of
+// BenchmarkHeldLocks when ETCDLOCK_HELD_REREAD=1, which counts the Txns of
+// the loss signals' safety re-read: their holds are kept two TTLs more, and
+// the Txns the client sent meanwhile are counted.
+const benchHeldRereadTTL = 10 * time.Second
+
+// benchHeldReread reports whether ETCDLOCK_HELD_REREAD=1.
+func benchHeldReread() bool { return os.Getenv("ETCDLOCK_HELD_REREAD") == "1" }
 
 // benchHeldWorkers is how many goroutines take the locks of
 // BenchmarkHeldLocks, each its share, and later release them (an etcdlock
@@ -75,7 +103,11 @@ var benchHoldKinds = []benchHoldKind{
 // benchHoldEtcdlock opens etcdlock holds, calling Done on each if done.
 func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(context.Context, string) (any, error), func(context.Context, string, any) error) {
 	return func(tb testing.TB, c *clientv3.Client) (func(context.Context, string) (any, error), func(context.Context, string, any) error) {
-		s := benchSession(tb, c)
+		var opts []etcdlock.SessionOption
+		if benchHeldReread() {
+			opts = append(opts, etcdlock.WithTTL(benchHeldRereadTTL))
+		}
+		s := benchSession(tb, c, opts...)
 		return func(ctx context.Context, name string) (any, error) {
 				m := etcdlock.NewMutex(s, name)
 				if err := m.LockContext(ctx); err != nil {
@@ -93,8 +125,9 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 
 // BenchmarkHeldLocks: one Session (one lease, one client) with n distinct
 // locks: held (etcdlock, upstream), held with Mutex.Done called on each
-// (etcdlock-done: Done starts one goroutine and one watch per hold, on its
-// first call), only made with NewMutex and never locked (-idle), or, as the
+// (etcdlock-done: each hold joins the loss watch of the Session's lease
+// term, which runs one goroutine and one watch for all of them), only made
+// with NewMutex and never locked (-idle), or, as the
 // floor of any lock, n keys put with the lease (put). etcd runs in a child
 // process, so that the heap and goroutines measured are the client's only.
 // Each iteration takes the n locks, benchHeldWorkers goroutines at a time,
@@ -107,6 +140,8 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 //	                   wall time, bytes and allocations of taking one lock (with
 //	                   etcdlock-done, of its Done and watch too)
 //
+// and, with ETCDLOCK_HELD_REREAD=1 (etcdlock-done, TTL 10 s), rereads/ttl:
+// the Txns sent in two TTLs while the locks are held, halved;
 // and, over the whole run (the Session lives through all iterations):
 // keepalive-streams, the LeaseKeepAlive streams the client opened;
 // keepalive-leases, the leases its keep-alive requests named; keepalives,
@@ -114,7 +149,7 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 // (clientv3 closes its stream when the last watch on it ends).
 func BenchmarkHeldLocks(b *testing.B) {
 	endpoint := childServer(b)
-	for _, n := range benchHeldCounts {
+	for _, n := range benchHeldCounts(b) {
 		b.Run(fmt.Sprintf("locks=%d", n), func(b *testing.B) {
 			for _, kind := range benchHoldKinds {
 				b.Run(kind.name, func(b *testing.B) { benchHeld(b, endpoint, n, kind) })
@@ -124,7 +159,7 @@ func BenchmarkHeldLocks(b *testing.B) {
 }
 
 func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
-	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout+time.Duration(n)*2*time.Millisecond)
 	defer cancel()
 	e := &benchServer{endpoints: []string{endpoint}}
 	take, release := kind.open(b, e.client(b))
@@ -134,7 +169,7 @@ func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
 	}
 	held := make([]any, n) // made before the measure, so that it is not counted
 	workers := min(n, benchHeldWorkers)
-	var heap, stack, goroutines, took, allocated, allocs float64
+	var heap, stack, goroutines, took, allocated, allocs, rereads float64
 	iters := 0
 	for b.Loop() {
 		var (
@@ -168,11 +203,17 @@ func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
 		close(start)
 		taken.Wait()
 		var err error
+		settled := time.Now()
 		if kind.done {
-			err = benchWaitCreated(ctx, e, created+int64(n))
+			settled, err = benchWaitWatches(ctx, e, created)
 		}
-		took += float64(time.Since(t))
+		took += float64(settled.Sub(t))
 		after := benchMeasure()
+		if kind.done && benchHeldReread() {
+			txns := e.txns.Load()
+			time.Sleep(2 * benchHeldRereadTTL)
+			rereads += float64(e.txns.Load()-txns) / 2
+		}
 		close(end)
 		wg.Wait()
 		for _, werr := range append(errs, err) {
@@ -198,6 +239,9 @@ func benchHeld(b *testing.B, endpoint string, n int, kind benchHoldKind) {
 	b.ReportMetric(float64(e.keptAlive()), "keepalive-leases")
 	b.ReportMetric(float64(e.keepAlives.Load()), "keepalives")
 	b.ReportMetric(float64(e.watchStreams.Load())/float64(iters), "watch-streams")
+	if kind.done && benchHeldReread() {
+		b.ReportMetric(rereads/float64(iters), "rereads/ttl")
+	}
 }
 
 // benchMemory is the process's memory and goroutines at one moment.
@@ -216,17 +260,27 @@ func benchMeasure() benchMemory {
 	return benchMemory{heap: ms.HeapAlloc, stack: ms.StackInuse, allocated: ms.TotalAlloc, allocs: ms.Mallocs, goroutines: runtime.NumGoroutine()}
 }
 
-// benchWaitCreated waits until etcd has confirmed want watch creations to
-// e's clients.
-func benchWaitCreated(ctx context.Context, e *benchServer, want int64) error {
-	for e.created.Load() < want {
+// benchWaitWatches waits until the loss signals asked for are watched:
+// etcd has confirmed a watch creation to e's clients since created were,
+// has confirmed every creation sent, and none came for 200 ms. It returns
+// when the last came.
+func benchWaitWatches(ctx context.Context, e *benchServer, created int64) (time.Time, error) {
+	const quiet = 200 * time.Millisecond
+	last, since := e.created.Load(), time.Now()
+	for {
+		now := e.created.Load()
+		switch {
+		case now != last || e.watches.Load() != now:
+			last, since = now, time.Now()
+		case now > created && time.Since(since) >= quiet:
+			return since, nil
+		}
 		t := time.NewTimer(time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%d watches confirmed, want %d: %w", e.created.Load(), want, ctx.Err())
+			return since, fmt.Errorf("%d watches confirmed, %d sent: %w", e.created.Load(), e.watches.Load(), ctx.Err())
 		case <-t.C:
 		}
 	}
-	return nil
 }

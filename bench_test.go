@@ -56,6 +56,7 @@ type benchServer struct {
 	plain     *clientv3.Client // not counted: revisions, key watches, other holders
 
 	unary   atomic.Int64
+	txns    atomic.Int64 // of which Txns
 	watches atomic.Int64 // watch creations sent
 	created atomic.Int64 // watch creations confirmed by etcd
 
@@ -80,6 +81,9 @@ func (e *benchServer) client(tb testing.TB) *clientv3.Client {
 	tb.Helper()
 	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		e.unary.Add(1)
+		if method == "/etcdserverpb.KV/Txn" {
+			e.txns.Add(1)
+		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {

@@ -2,13 +2,10 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/etcdlock/etcdlock/internal/queue"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -18,10 +15,6 @@ var closedDone = func() chan struct{} {
 	close(c)
 	return c
 }()
-
-// lossReadTimeout bounds the read that tells a deleted key from a lease gone,
-// for the observers.
-const lossReadTimeout = 500 * time.Millisecond
 
 // A keyHold is one hold of a key in etcd, from its acquisition to its
 // release: the key, whose create revision is the fencing token, and the loss
@@ -34,20 +27,22 @@ type keyHold struct {
 	done     chan struct{}
 	signaled bool
 	ended    bool // released: its end is not a loss
-	gone     bool // the monitor found the hold lost before its end
-	capped   bool // the monitor ended the hold at its cap (maxhold.go)
+	watched  bool // the term's loss watch watches it (losswatch.go): lost was called
+	gone     bool // the loss watch found the hold lost before its end
+	capped   bool // the loss watch ended the hold at its cap (maxhold.go)
 	// waiting closes once another acquisition waits behind the hold
 	// (waiting.go); nil until asked for. stopWaiting stops its watch.
 	waiting     chan struct{}
 	stopWaiting context.CancelFunc
-	stop        context.CancelFunc // stops the monitor goroutine; nil until lost is called
+	capTimer    *time.Timer        // tells the loss watch of the cap; nil without one
+	stopDrop    context.CancelFunc // stops the delete of a capped hold's key; nil until it starts
 }
 
 // newHold begins a hold of t's key.
 func (t *ticket) newHold() *keyHold {
 	h := &keyHold{t: t, since: time.Now(), done: make(chan struct{})}
 	if t.maxHold > 0 {
-		h.lost() // the monitor enforces the cap
+		h.lost() // the loss watch enforces the cap
 	}
 	return h
 }
@@ -131,7 +126,7 @@ func (h *keyHold) knownLost() bool {
 }
 
 // end is called when the hold is released: it closes the channel and stops
-// the monitor. A loss the monitor finds after this is no loss. It reports
+// watching for its loss. A loss found after this is no loss. It reports
 // whether this call ended the hold (false: it had ended already).
 func (h *keyHold) end() bool {
 	h.mu.Lock()
@@ -144,8 +139,14 @@ func (h *keyHold) end() bool {
 		h.signaled = true
 		close(h.done)
 	}
-	if h.stop != nil {
-		h.stop()
+	if h.watched {
+		h.t.term.loss.remove(h)
+	}
+	if h.capTimer != nil {
+		h.capTimer.Stop()
+	}
+	if h.stopDrop != nil {
+		h.stopDrop()
 	}
 	if h.stopWaiting != nil {
 		h.stopWaiting()
@@ -160,8 +161,8 @@ func (h *keyHold) over() bool {
 	return h.ended
 }
 
-// lost returns the hold's loss signal for our key, starting on the first
-// call a goroutine of the Session that closes it when the hold is lost.
+// lost returns the hold's loss signal for our key; on the first call, the
+// term's loss watch (losswatch.go) begins to watch the hold.
 //
 // The channel closes:
 //   - within about 100 ms of our key being deleted, by anyone, or of the
@@ -172,65 +173,87 @@ func (h *keyHold) over() bool {
 //     TTL/4) within 5/12 of the TTL;
 //   - when the Session ends, and when the hold ends.
 func (h *keyHold) lost() <-chan struct{} {
-	s := h.t.s
+	tm := h.t.term
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.stop == nil && !h.signaled {
-		ctx, cancel := context.WithCancel(h.t.term.ctx())
-		h.stop = cancel
-		if !s.goBackground(func() { h.monitor(ctx) }) {
+	if !h.watched && !h.signaled {
+		h.watched = true
+		if !tm.loss.add(tm, h, h.t.s.goBackground) {
 			h.signaled = true
 			close(h.done)
+			return h.done
 		}
+		h.capTimer = capTimer(h.since, h.t.maxHold, func() { tm.loss.capReached(h) })
 	}
 	return h.done
 }
 
-// monitor closes the channel when the hold is lost, and returns when it is,
-// or when ctx ends (the hold ended or the Session ended).
-func (h *keyHold) monitor(ctx context.Context) {
-	var why LossReason
-	for from := h.token() + 1; from != 0; {
-		from, why = h.watchLoss(ctx, from)
-	}
-	// Closing the channel and deciding that it is a loss happen at once:
-	// an end (release) is either before both or after both.
+// lossKeys returns our keys, for the loss watch.
+func (h *keyHold) lossKeys() []string { return h.t.Keys() }
+
+// lossToken returns our keys' create revision, for the loss watch.
+func (h *keyHold) lossToken() int64 { return h.token() }
+
+// signal closes the channel for a loss the loss watch found, and reports
+// whether it is a loss: the hold had not ended. Closing the channel and
+// deciding that it is a loss happen at once: an end (release) is either
+// before both or after both.
+func (h *keyHold) signal(why LossReason) bool {
 	h.mu.Lock()
-	ended := h.ended
-	h.gone = !ended
-	h.capped = !ended && why == LossMaxHold
+	defer h.mu.Unlock()
+	if h.capTimer != nil {
+		h.capTimer.Stop()
+	}
+	if h.ended {
+		return false
+	}
+	h.gone = true
+	h.capped = why == LossMaxHold
 	if !h.signaled {
 		h.signaled = true
 		close(h.done)
 	}
-	capped := h.capped
-	h.mu.Unlock()
-	if s := h.t.s; !ended && s.events != nil {
-		s.events.emit(Event{Kind: HoldLost, Lock: h.t.lock, Primitive: h.t.kind, Lease: h.t.term.id, Key: h.t.Key(), Token: h.token(), Reason: h.lossReason(why)})
+	return true
+}
+
+// report tells the observers of the loss, then deletes the key of a hold
+// capped, until the holder's unlock ends the hold (whose delete then does
+// the work) or the lease term ends (which deletes the key).
+func (h *keyHold) report(why LossReason, leaseGone func() bool) {
+	t := h.t
+	if s := t.s; s.events != nil {
+		s.events.emit(Event{Kind: HoldLost, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: h.token(), Reason: h.lossReason(why, leaseGone)})
 	}
-	if capped {
-		dropCapped(ctx, h.t)
+	if why != LossMaxHold {
+		return
+	}
+	ctx, cancel := context.WithCancel(t.term.ctx())
+	defer cancel()
+	h.mu.Lock()
+	ended := h.ended
+	if !ended {
+		h.stopDrop = cancel
+	}
+	h.mu.Unlock()
+	if !ended {
+		dropCapped(ctx, t)
 	}
 }
 
 // lossReason tells the observers why the hold was lost, given why the
-// monitor stopped. Silence is its own reason, even when the Session ended
-// with it (the term ends a TTL after the last acknowledged renewal was
-// sent).
-// A deleted key is asked about once, within a bound, since the revoke or
-// expiry of our lease deletes it too; only observed Sessions pay that read.
-func (h *keyHold) lossReason(why LossReason) LossReason {
+// loss watch found it lost. Silence is its own reason, even when the
+// Session ended with it (the term ends a TTL after the last acknowledged
+// renewal was sent).
+// A deleted key is asked about once for the holds lost together, within a
+// bound, since the revoke or expiry of our lease deletes it too; only
+// observed Sessions pay that read.
+func (h *keyHold) lossReason(why LossReason, leaseGone func() bool) LossReason {
 	s, tm := h.t.s, h.t.term
 	if why == LossKeepAliveSilent || why == LossMaxHold {
 		return why
 	}
-	if why == LossKeyDeleted && !tm.Expired() {
-		ctx, cancel := context.WithTimeout(tm.ctx(), lossReadTimeout)
-		resp, err := s.client.TimeToLive(ctx, tm.id)
-		cancel()
-		if (err == nil && resp.TTL == -1) || errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return LossLeaseGone
-		}
+	if why == LossKeyDeleted && !tm.Expired() && leaseGone() {
+		return LossLeaseGone
 	}
 	switch {
 	case !tm.Expired():
@@ -243,87 +266,6 @@ func (h *keyHold) lossReason(why LossReason) LossReason {
 		return LossKeepAliveSilent
 	default:
 		return LossLeaseGone
-	}
-}
-
-// watchLoss watches our keys (one, or a group's) from revision from. It
-// returns 0 and why when the hold is lost, keep-alives went silent or ctx
-// ended, and the revision to watch from again when a watch can no longer
-// tell (its history was compacted, or it failed) but a read finds our keys
-// still there.
-//
-// A watch event can be lost (etcd #17529, #18089, #19179, #20221), so our keys
-// are also read once per TTL: a lost delete costs at most one TTL. Events at
-// or before our keys' creation are an earlier key of the same name, from a
-// watch served by a member that lags (or etcd #20221): they are no loss.
-//
-// The clock of silence runs from the start: opening a watch can block while
-// etcd is unreachable (the client dials a new stream), which is when the
-// clock matters most. So each key's watch is opened, and its responses
-// passed on, by a goroutine of its own, which watchLoss waits for before it
-// returns.
-func (h *keyHold) watchLoss(ctx context.Context, from int64) (int64, LossReason) {
-	s, tm := h.t.s, h.t.term
-	wctx, cancel := context.WithCancel(ctx)
-	responses := make(chan watched)
-	var wg sync.WaitGroup
-	for _, key := range h.t.Keys() {
-		wg.Go(func() {
-			forward(wctx, s.client.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()), responses)
-		})
-	}
-	defer wg.Wait()
-	defer cancel()
-
-	broken := false // a watch failed: only the reads tell
-	timer := time.NewTimer(tm.untilSilent())
-	defer timer.Stop()
-	reread := time.NewTicker(tm.ttl)
-	defer reread.Stop()
-	capped, stopCap := capTimer(h.since, h.t.maxHold)
-	defer stopCap()
-	for {
-		select {
-		case w := <-responses:
-			switch wr, ok := w.wr, w.ok; {
-			case ok && wr.Err() == nil && len(queue.After(wr.Events, h.token())) > 0:
-				return 0, LossKeyDeleted
-			case ok && wr.Err() == nil:
-			case ctx.Err() != nil:
-				return 0, LossSessionClosed
-			default:
-				// Compacted, or failed: read the keys instead, and watch
-				// again from that read.
-				rev, there := h.keyThere(ctx)
-				switch {
-				case !there:
-					return 0, LossKeyDeleted
-				case rev > 0:
-					return rev + 1, ""
-				}
-				// Unknown: the next read decides, and the silence clock
-				// runs meanwhile.
-				responses, broken = nil, true
-			}
-		case <-reread.C:
-			rev, there := h.keyThere(ctx)
-			switch {
-			case !there:
-				return 0, LossKeyDeleted
-			case broken && rev > 0:
-				return rev + 1, ""
-			}
-		case <-timer.C:
-			d := tm.untilSilent()
-			if d <= 0 {
-				return 0, LossKeepAliveSilent
-			}
-			timer.Reset(d)
-		case <-capped:
-			return 0, LossMaxHold
-		case <-ctx.Done():
-			return 0, LossSessionClosed
-		}
 	}
 }
 
@@ -346,31 +288,6 @@ func forward(ctx context.Context, wch clientv3.WatchChan, out chan<- watched) {
 			return
 		}
 	}
-}
-
-// keyThere reads our keys: it reports false if etcd says a key of the hold
-// is gone, and otherwise the revision of the read, 0 where the read failed
-// (we cannot tell: the hold is taken as still there).
-//
-// The read ends by the point of keep-alive silence, too: a read that hangs on
-// an unreachable etcd must not hold up the early warning, which the caller
-// gives as soon as the read returns.
-func (h *keyHold) keyThere(ctx context.Context) (int64, bool) {
-	s, tm := h.t.s, h.t.term
-	d := min(tm.ttl/3, tm.untilSilent())
-	if d <= 0 {
-		return 0, true // cannot tell; silent already
-	}
-	rctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	resp, err := s.client.Txn(rctx).If(h.t.Ours()...).Commit()
-	switch {
-	case err != nil || resp == nil || resp.Header == nil:
-		return 0, true
-	case !resp.Succeeded:
-		return resp.Header.Revision, false
-	}
-	return resp.Header.Revision, true
 }
 
 // reportEnd reports the end of hold h: its release, or its hand-off to

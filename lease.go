@@ -40,6 +40,8 @@ type leaseTerm struct {
 	// next is closed once the Session has a term after this one, or has
 	// ended (WithRenewal only).
 	next chan struct{}
+
+	loss lossWatch // watches the holds of the term whose loss signal was asked for
 }
 
 // grant grants a new lease, or checks that the adopted one exists, and

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// A capped hold (WithMaxHold, CapHold): the loss monitor (done.go) ends a
+// A capped hold (WithMaxHold, CapHold): the loss watch (losswatch.go) ends a
 // hold that lasts past its cap as if it were lost, then deletes its key.
 
 // holdCapKey is the context key of CapHold's cap.
@@ -42,22 +42,20 @@ func (t *ticket) capBy(ctx context.Context) {
 	}
 }
 
-// capTimer returns a channel that fires when a hold that began at since
-// reaches the cap d, and its stop; without a cap (d 0), a nil channel,
-// which never fires.
-func capTimer(since time.Time, d time.Duration) (<-chan time.Time, func()) {
+// capTimer runs f once a hold that began at since reaches the cap d, and
+// returns its timer; without a cap (d 0), it returns nil. No goroutine runs
+// until the cap.
+func capTimer(since time.Time, d time.Duration, f func()) *time.Timer {
 	if d <= 0 {
-		return nil, func() {}
+		return nil
 	}
-	timer := time.NewTimer(time.Until(since.Add(d)))
-	return timer.C, func() { timer.Stop() }
+	return time.AfterFunc(time.Until(since.Add(d)), f)
 }
 
 // dropCapped deletes the key of t, whose hold reached its cap, fenced on
-// its create revision, once the hold's loss signal has closed. ctx is the
-// loss monitor's: it ends when the holder's unlock ends the hold (whose
-// delete then does the work) or when the lease term ends (which deletes the
-// key). A delete etcd does not confirm otherwise is retried in the
+// its create revision, once the hold's loss signal has closed. ctx ends
+// when the holder's unlock ends the hold (whose delete then does the work)
+// or when the lease term ends (which deletes the key). A delete etcd does not confirm otherwise is retried in the
 // background.
 func dropCapped(ctx context.Context, t *ticket) {
 	dctx, cancel := context.WithTimeout(ctx, unlockTimeout)

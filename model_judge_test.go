@@ -37,9 +37,9 @@ import (
 )
 
 // lossBound is how long after a loss a hold's Done may still be open: 2 s
-// (doneBound) once the loss monitor's watch sees it, and up to a TTL more
-// where the watch lost the event (a partition broke its stream): the
-// monitor reads its keys once per TTL.
+// (doneBound) once the loss watch sees it, and up to a TTL more where the
+// watch lost the event (a partition broke its stream): the loss watch reads
+// the held keys once per TTL.
 const lossBound = modelTTL + doneBound
 
 // A rule says when keys hold, by their place in their queue.

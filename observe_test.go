@@ -127,7 +127,7 @@ func TestObserverEvents(t *testing.T) {
 			return ended(name, etcdlock.OutcomeAcquired)(e) && e.Contended
 		})
 
-		// A loss, seen by Done's monitor, and the release of the lost hold.
+		// A loss, seen by the loss watch, and the release of the lost hold.
 		done := m.Done()
 		if _, err := client.Delete(ctx, keyOf(name, s.Lease())); err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,7 +38,8 @@ const (
 	callBackground call = "background"  // a background retry of a delete
 	callWatch      call = "watch"       // the wait's watch of what blocks us
 	callOwnWatch   call = "own-watch"   // the wait's watch of our own key
-	callLossWatch  call = "loss-watch"  // the loss monitor's watch of a held key
+	callLossWatch  call = "loss-watch"  // the loss watch's watch of held keys: a key, or a prefix of them
+	callLossRead   call = "loss-read"   // the loss watch's read of held keys: a Txn of single-key reads, keys only
 	callKeepAlive  call = "keepalive"   // the lease's keep-alive
 	callHistory    call = "history"     // a read at a past revision: lock-delay's read of the queue as our key found it
 	callLeaseTTL   call = "lease-ttl"   // a lease's time to live: lock-delay's question, whether a lease ahead is gone
@@ -87,9 +89,10 @@ type seam struct {
 	// hand deletes the actor's keys (faultDeleted) or revokes its leases
 	// (faultRevoked); it runs before the call is sent.
 	hand func(fault)
-	// holder reports whether a key is among the lock's holders: a watch of
-	// our own key is the wait's before, the loss monitor's after.
-	holder func(key string) bool
+	// holder reports whether a key is among the lock's holders (with
+	// prefix, whether a holder's key begins with it): a watch of our own
+	// key is the wait's before, the loss watch's after.
+	holder func(key string, prefix bool) bool
 	// lagFrom is the revision a lagging member serves each watch from.
 	lagFrom map[call]int64
 	// bump, if set, moves etcd's revision before the wait's watch is
@@ -103,6 +106,7 @@ type seam struct {
 	cancel context.CancelFunc // the caller's context, for faultLate
 	late   sync.WaitGroup     // late requests not yet applied
 	lateOK int                // late requests applied without error
+	queued int                // late requests given up by their caller, to be applied
 	leases []clientv3.LeaseID // leases granted through this client
 	acks   []time.Time        // when each keep-alive acknowledgement was let through
 }
@@ -133,6 +137,14 @@ func (s *seam) settle() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lateOK
+}
+
+// lateQueued returns how many late requests their callers have given up
+// on: each is applied lateBy later.
+func (s *seam) lateQueued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queued
 }
 
 // silence returns how long no keep-alive acknowledgement had come at time
@@ -181,7 +193,7 @@ func classify(method string, req any) (call, bool) {
 	if c, ok := classifyRecords(txn); ok {
 		return c, true
 	}
-	var puts, deletes, ranges, prefixRanges int
+	var puts, deletes, ranges, prefixRanges, keysOnly int
 	limitRead := false
 	for _, op := range txn.Success {
 		switch {
@@ -199,6 +211,9 @@ func classify(method string, req any) (call, bool) {
 			ranges++
 			if len(op.GetRequestRange().RangeEnd) > 0 {
 				prefixRanges++
+			}
+			if op.GetRequestRange().KeysOnly {
+				keysOnly++
 			}
 		}
 	}
@@ -224,6 +239,8 @@ func classify(method string, req any) (call, bool) {
 		return callEnqueue, true // or requeue: by count
 	case len(txn.Compare) == 0 && puts == 0 && limitRead && ranges == 2:
 		return callQueueRead, true // a Semaphore's queue and its limit record
+	case len(txn.Compare) == 0 && puts == 0 && deletes == 0 && prefixRanges == 0 && keysOnly == ranges:
+		return callLossRead, true
 	case len(txn.Compare) == 0 && puts == 0:
 		return callTryRead, true
 	case revCmp && prefixRanges > 0:
@@ -367,6 +384,9 @@ func (s *seam) applyLate(ctx context.Context, method string, req, reply any, cc 
 	case <-time.After(testTimeout):
 	}
 	req = proto.Clone(req.(proto.Message))
+	s.mu.Lock()
+	s.queued++
+	s.mu.Unlock()
 	s.late.Go(func() {
 		time.Sleep(lateBy)
 		lctx, lcancel := context.WithTimeout(context.Background(), testTimeout)
@@ -420,7 +440,7 @@ func (w *seamWatch) SendMsg(m any) error {
 	switch {
 	case strings.HasPrefix(string(cr.Key), limitRecordPrefix):
 		c = callLimitWatch
-	case w.s.holder != nil && !w.s.inSetup() && w.s.holder(string(cr.Key)):
+	case w.s.holder != nil && !w.s.inSetup() && w.s.holder(string(cr.Key), lossRange(cr)):
 		c = callLossWatch
 	}
 	if cr.StartRevision == 0 {
@@ -444,6 +464,13 @@ func (w *seamWatch) SendMsg(m any) error {
 	w.pending = append(w.pending, inject && w.s.fault == faultEvent)
 	w.mu.Unlock()
 	return w.ClientStream.SendMsg(m)
+}
+
+// lossRange reports whether cr watches the deletes under a prefix, as the
+// loss watch does once it watches more than one key.
+func lossRange(cr *pb.WatchCreateRequest) bool {
+	return len(cr.RangeEnd) > 0 && string(cr.RangeEnd) == clientv3.GetPrefixRangeEnd(string(cr.Key)) &&
+		slices.Contains(cr.Filters, pb.WatchCreateRequest_NOPUT)
 }
 
 func (w *seamWatch) RecvMsg(m any) error {

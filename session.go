@@ -40,7 +40,7 @@ type Session struct {
 	// taken under a record's.
 	bgMu    sync.Mutex
 	closing bool           // no new background work, and no new term, once set
-	bg      sync.WaitGroup // background goroutines: keep-alive readers, renewal, retries, hold monitors
+	bg      sync.WaitGroup // background goroutines: keep-alive readers, renewal, retries, loss watches
 
 	retries retryQueue // the deletes etcd did not confirm, retried by one goroutine
 

@@ -44,7 +44,7 @@ var errHoldGone = errors.New("etcdlock: the hold's key is gone")
 //
 // The first call starts a watch of the queue, from one read of it; no
 // polling: the queue is read again only after a put into it, or once per
-// TTL, as the loss monitor reads its key, against a watch event etcd lost
+// TTL, as the loss watch reads the held keys, against a watch event etcd lost
 // (a lost event costs at most one TTL). Where etcd is unreachable the read
 // and watch are tried again.
 func (h Hold) Waiting() <-chan struct{} {

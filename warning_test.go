@@ -33,8 +33,8 @@ type warning struct {
 	// The holder's Session ended during the fault (zero: not seen): Done
 	// closes with it at the latest. Done closing only then, a TTL or more
 	// after the last acknowledgement rather than two thirds of it, means
-	// its silence timer never ran: its monitor was still waiting for etcd
-	// to confirm the watch on the key when the fault began.
+	// its silence timer never ran: its loss watch was still waiting for
+	// etcd to confirm the watch on the key when the fault began.
 	sessionEnd time.Time
 	deleted    time.Time // etcd deleted the key (zero: not seen)
 	next       time.Time // the next acquisition by another holder in its place (zero: none)

@@ -1,0 +1,403 @@
+package etcdlock_test
+
+// The loss watch of a lease term (losswatch.go): what watching many holds
+// costs, and that a loss among many closes the right Done, and that one only.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/testflags"
+)
+
+// A heldMany is n Mutexes held by 8 goroutines, each its share: a hold
+// belongs to the goroutine that took it, which must unlock it.
+type heldMany struct {
+	ms      []*etcdlock.Mutex
+	release chan map[int]bool
+	wg      sync.WaitGroup
+	errs    []error
+}
+
+// lockMany locks n Mutexes of s named name/0 ... name/n-1, 8 goroutines at
+// a time, and returns them held.
+func lockMany(t *testing.T, s *etcdlock.Session, name string, n int) *heldMany {
+	t.Helper()
+	ctx := testContext(t)
+	h := &heldMany{ms: make([]*etcdlock.Mutex, n), release: make(chan map[int]bool), errs: make([]error, 8)}
+	var taken sync.WaitGroup
+	for w := range h.errs {
+		taken.Add(1)
+		h.wg.Go(func() {
+			for i := w; i < n && h.errs[w] == nil; i += len(h.errs) {
+				h.ms[i] = etcdlock.NewMutex(s, fmt.Sprintf("%s/%d", name, i))
+				h.errs[w] = h.ms[i].LockContext(ctx)
+			}
+			taken.Done()
+			lost, ok := <-h.release
+			if !ok || h.errs[w] != nil {
+				return
+			}
+			for i := w; i < n; i += len(h.errs) {
+				err := h.ms[i].UnlockContext(ctx)
+				switch {
+				case lost[i] && err == nil:
+					h.errs[w] = fmt.Errorf("UnlockContext of the lost hold %d: got nil, want an error", i)
+				case !lost[i] && err != nil:
+					h.errs[w] = fmt.Errorf("UnlockContext of hold %d: %w", i, err)
+				}
+			}
+		})
+	}
+	taken.Wait()
+	for _, err := range h.errs {
+		if err != nil {
+			close(h.release)
+			h.wg.Wait()
+			t.Fatalf("LockContext: %v", err)
+		}
+	}
+	return h
+}
+
+// unlock unlocks every hold, and fails the test unless the unlock of each
+// hold in lost fails and every other succeeds.
+func (h *heldMany) unlock(t *testing.T, lost ...int) {
+	t.Helper()
+	set := make(map[int]bool)
+	for _, i := range lost {
+		set[i] = true
+	}
+	for range h.errs {
+		h.release <- set
+	}
+	h.wg.Wait()
+	for _, err := range h.errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// liveMemory returns the live heap and goroutine stacks after a GC, and the
+// goroutines.
+func liveMemory() (bytes uint64, goroutines int) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc + ms.StackInuse, runtime.NumGoroutine()
+}
+
+// TestLossWatchCosts: 2,000 holds of one Session, each with Done watched,
+// cost at most 2 goroutines and 8 KiB of heap and stacks a hold beyond the
+// holds themselves (the goal is 1 and 4 KiB: the bounds are generous, as
+// the heap moves between two GCs), and their safety re-read is batched:
+// about one Txn a TTL per 128 holds, not one per hold.
+func TestLossWatchCosts(t *testing.T) {
+	const n = 2000
+	srv, _ := startServer(t)
+	var reads atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if c, ok := classify(method, req); ok && c == callLossRead {
+			reads.Add(1)
+		} else if method == txnMethod && len(req.(*pb.TxnRequest).Compare) > 0 && len(req.(*pb.TxnRequest).Success) == 0 {
+			reads.Add(1) // a keyThere of one hold, before the loss watch
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	client := serverClient(t, srv, count, nil)
+	const ttl = 3 * time.Second
+	s := newSession(t, client, etcdlock.WithTTL(ttl))
+	held := lockMany(t, s, lockName(t), n)
+	defer held.unlock(t)
+
+	heldBytes, heldGoroutines := liveMemory()
+	dones := watchAll(held.ms)
+	// The watch is opened, and widened, as the holds come: let it settle.
+	time.Sleep(500 * time.Millisecond)
+	bytes, goroutines := liveMemory()
+	perHold := float64(int64(bytes)-int64(heldBytes)) / n
+	goroutinesPerHold := float64(goroutines-heldGoroutines) / n
+	t.Logf("Done on %d holds: %d goroutines (%.3f a hold), %.0f bytes of heap and stacks a hold", n, goroutines-heldGoroutines, goroutinesPerHold, perHold)
+	if goroutinesPerHold > 2 {
+		t.Errorf("goroutines a hold with Done watched: got %.3f, want at most 2", goroutinesPerHold)
+	}
+	if perHold > 8<<10 {
+		t.Errorf("heap and stacks a hold with Done watched: got %.0f bytes, want at most 8 KiB", perHold)
+	}
+
+	before := reads.Load()
+	const ttls = 3
+	time.Sleep(ttls * ttl)
+	got := reads.Load() - before
+	batches := int64((n + 127) / 128)
+	t.Logf("safety re-read: %d Txns in %d TTLs for %d holds (%d Txns a read of them all)", got, ttls, n, batches)
+	if want := (ttls + 1) * batches; got > want {
+		t.Errorf("safety re-read Txns in %d TTLs: got %d, want at most %d", ttls, got, want)
+	}
+	for i, d := range dones {
+		if isClosed(d) {
+			t.Fatalf("Done of hold %d closed with nothing lost", i)
+		}
+	}
+}
+
+// closedDones returns the indexes of the channels in dones that are closed.
+func closedDones(dones []<-chan struct{}) []int {
+	var closed []int
+	for i, d := range dones {
+		if isClosed(d) {
+			closed = append(closed, i)
+		}
+	}
+	return closed
+}
+
+// watchAll calls Done on each of ms.
+func watchAll(ms []*etcdlock.Mutex) []<-chan struct{} {
+	dones := make([]<-chan struct{}, len(ms))
+	for i, m := range ms {
+		dones[i] = m.Done()
+	}
+	return dones
+}
+
+// onlyClosed fails the test unless, within doneBound, the Done of hold i
+// of dones closes, and, 300 ms later, no other.
+func onlyClosed(t *testing.T, what string, dones []<-chan struct{}, i int) {
+	t.Helper()
+	took, ok := closedWithin(dones[i], doneBound)
+	if !ok {
+		t.Fatalf("Done %v after %s: got open, want closed", doneBound, what)
+	}
+	t.Logf("Done closed %v after %s", took.Round(time.Millisecond), what)
+	time.Sleep(300 * time.Millisecond)
+	if got := closedDones(dones); len(got) != 1 || got[0] != i {
+		t.Errorf("Done channels closed after %s: got holds %v, want [%d]", what, got, i)
+	}
+}
+
+// TestLossWatchDeleteOne: the delete of one key among 50 watched closes
+// that hold's Done only.
+func TestLossWatchDeleteOne(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	other := srv.Client(t)
+	s := newSession(t, client, etcdlock.WithTTL(5*time.Second))
+	held := lockMany(t, s, lockName(t), 50)
+	dones := watchAll(held.ms)
+	if _, err := other.Delete(testContext(t), held.ms[17].Key()); err != nil {
+		t.Fatal(err)
+	}
+	onlyClosed(t, "one key of 50 was deleted", dones, 17)
+	held.unlock(t, 17)
+}
+
+// TestLossWatchOutsidePrefix: a hold whose key lies outside the prefix the
+// watch covers (another lock's name, with nothing in common) widens the
+// watch, and its delete closes its Done only; the first holds' deletes are
+// still seen.
+func TestLossWatchOutsidePrefix(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	other := srv.Client(t)
+	ctx := testContext(t)
+	s := newSession(t, client, etcdlock.WithTTL(5*time.Second))
+	held := lockMany(t, s, lockName(t), 4)
+	ms := held.ms
+	dones := watchAll(ms)
+	time.Sleep(200 * time.Millisecond) // the watch of their prefix opens
+	out := etcdlock.NewMutex(s, "elsewhere/"+t.Name())
+	if err := out.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dones = append(dones, out.Done())
+	if _, err := other.Delete(ctx, out.Key()); err != nil {
+		t.Fatal(err)
+	}
+	onlyClosed(t, "the key outside the prefix was deleted", dones, 4)
+	if err := out.UnlockContext(ctx); err == nil {
+		t.Error("UnlockContext of the lost hold: got nil, want ErrLockLost")
+	}
+	if _, err := other.Delete(ctx, ms[2].Key()); err != nil {
+		t.Fatal(err)
+	}
+	if took, ok := closedWithin(dones[2], doneBound); !ok {
+		t.Errorf("Done %v after a key inside the first prefix was deleted: got open, want closed", doneBound)
+	} else {
+		t.Logf("Done closed %v after a key inside the first prefix was deleted", took.Round(time.Millisecond))
+	}
+	if got := closedDones(dones); len(got) != 2 {
+		t.Errorf("Done channels closed: got holds %v, want [2 4]", got)
+	}
+	held.unlock(t, 2)
+}
+
+// TestLossWatchDeletedBeforeDone: a key deleted between its acquisition
+// and the first call of its Done closes that Done: where no watch runs yet,
+// and where the running watch has passed the delete before the hold was
+// watched.
+func TestLossWatchDeletedBeforeDone(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	other := srv.Client(t)
+	ctx := testContext(t)
+	s := newSession(t, client, etcdlock.WithTTL(5*time.Second))
+	name := lockName(t)
+
+	first := etcdlock.NewMutex(s, name+"/first")
+	if err := first.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Delete(ctx, first.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if took, ok := closedWithin(first.Done(), doneBound); !ok {
+		t.Fatalf("Done %v after its key was deleted, no watch running: got open, want closed", doneBound)
+	} else {
+		t.Logf("no watch running: Done closed %v after it was asked for", took.Round(time.Millisecond))
+	}
+	_ = first.UnlockContext(ctx)
+
+	held := lockMany(t, s, name+"/held", 3)
+	ms := held.ms
+	dones := watchAll(ms)
+	late := etcdlock.NewMutex(s, name+"/held/late")
+	if err := late.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Delete(ctx, late.Key()); err != nil {
+		t.Fatal(err)
+	}
+	// A delete after it, seen by the watch: the watch has passed the
+	// late key's delete.
+	if _, err := other.Delete(ctx, ms[0].Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(dones[0], doneBound); !ok {
+		t.Fatalf("Done %v after a watched key was deleted: got open, want closed", doneBound)
+	}
+	if took, ok := closedWithin(late.Done(), doneBound); !ok {
+		t.Fatalf("Done %v after it was asked for, its key deleted before: got open, want closed", doneBound)
+	} else {
+		t.Logf("the watch past its delete: Done closed %v after it was asked for", took.Round(time.Millisecond))
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := closedDones(dones); len(got) != 1 || got[0] != 0 {
+		t.Errorf("Done channels closed: got holds %v, want [0]", got)
+	}
+	_ = late.UnlockContext(ctx)
+	held.unlock(t, 0)
+}
+
+// TestLossWatchRevoke: a revoke of a Session's lease closes the Done of
+// each of its holds, and of no hold of another Session on the same client.
+func TestLossWatchRevoke(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	other := srv.Client(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	s := newSession(t, client, etcdlock.WithTTL(5*time.Second))
+	kept := newSession(t, client, etcdlock.WithTTL(5*time.Second))
+	revoked := lockMany(t, s, name+"/revoked", 20)
+	lost := watchAll(revoked.ms)
+	keptHolds := lockMany(t, kept, name+"/kept", 20)
+	keptDones := watchAll(keptHolds.ms)
+	if _, err := other.Revoke(ctx, s.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i, d := range lost {
+		if _, ok := closedWithin(d, doneBound-time.Since(start)); !ok {
+			t.Fatalf("Done of hold %d %v after the revoke: got open, want closed", i, doneBound)
+		}
+	}
+	t.Logf("20 Done channels closed %v after the revoke", time.Since(start).Round(time.Millisecond))
+	time.Sleep(300 * time.Millisecond)
+	if got := closedDones(keptDones); len(got) != 0 {
+		t.Errorf("Done channels of the other Session closed: got holds %v, want none", got)
+	}
+	keptHolds.unlock(t)
+	revoked.unlock(t, seq(20)...)
+}
+
+// seq returns 0, 1, ... n-1.
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// TestLossWatchPermissions: where etcd's authentication grants the lock
+// queues alone (README, Permissions), holds of two locks whose shared
+// prefix is not granted are still watched: the watch of that prefix, which
+// etcd refuses, gives way to one per lock queue, with no read meanwhile,
+// and a delete closes the right Done.
+func TestLossWatchPermissions(t *testing.T) {
+	testflags.Parallel(t)
+	base := "perm/" + t.Name()
+	a, b := base+"/a", base+"/b"
+	env := authServer(t,
+		prefixPermission(a+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
+		prefixPermission(b+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
+		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)))
+	var reads atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if c, ok := classify(method, req); ok && c == callLossRead {
+			reads.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: env.user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: "locker", Password: "lockerpw",
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := newSession(t, c, etcdlock.WithTTL(5*time.Second))
+	ctx := testContext(t)
+	ma, mb := etcdlock.NewMutex(s, a), etcdlock.NewMutex(s, b)
+	for _, m := range []*etcdlock.Mutex{ma, mb} {
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatalf("LockContext: %v", err)
+		}
+	}
+	dones := []<-chan struct{}{ma.Done(), mb.Done()}
+	time.Sleep(500 * time.Millisecond) // the shared prefix's watch is refused
+	if _, err := env.root.Delete(ctx, mb.Key()); err != nil {
+		t.Fatal(err)
+	}
+	onlyClosed(t, "one of two keys was deleted", dones, 1)
+	if _, err := env.root.Delete(ctx, ma.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(dones[0], doneBound); !ok {
+		t.Errorf("Done %v after the other key was deleted: got open, want closed", doneBound)
+	}
+	if n := reads.Load(); n > 0 {
+		t.Errorf("the loss watch's reads within a TTL: got %d, want none (its watches alone)", n)
+	}
+	for _, m := range []*etcdlock.Mutex{ma, mb} {
+		if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("UnlockContext of a lost hold: got %v, want ErrLockLost", err)
+		}
+	}
+}
