@@ -106,7 +106,12 @@ func liveMemory() (bytes uint64, goroutines int) {
 // the heap moves between two GCs), and their safety re-read is batched:
 // about one Txn a TTL per 128 holds, not one per hold.
 func TestLossWatchCosts(t *testing.T) {
-	const n = 2000
+	// Alone, not in parallel: it measures the process's memory. -short
+	// measures fewer holds over one TTL.
+	n, ttls := 2000, 3
+	if testing.Short() {
+		n, ttls = 500, 1
+	}
 	srv, _ := startServer(t)
 	var reads atomic.Int64
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -128,8 +133,8 @@ func TestLossWatchCosts(t *testing.T) {
 	// The watch is opened, and widened, as the holds come: let it settle.
 	time.Sleep(500 * time.Millisecond)
 	bytes, goroutines := liveMemory()
-	perHold := float64(int64(bytes)-int64(heldBytes)) / n
-	goroutinesPerHold := float64(goroutines-heldGoroutines) / n
+	perHold := float64(int64(bytes)-int64(heldBytes)) / float64(n)
+	goroutinesPerHold := float64(goroutines-heldGoroutines) / float64(n)
 	t.Logf("Done on %d holds: %d goroutines (%.3f a hold), %.0f bytes of heap and stacks a hold", n, goroutines-heldGoroutines, goroutinesPerHold, perHold)
 	if goroutinesPerHold > 2 {
 		t.Errorf("goroutines a hold with Done watched: got %.3f, want at most 2", goroutinesPerHold)
@@ -139,12 +144,11 @@ func TestLossWatchCosts(t *testing.T) {
 	}
 
 	before := reads.Load()
-	const ttls = 3
-	time.Sleep(ttls * ttl)
+	time.Sleep(time.Duration(ttls) * ttl)
 	got := reads.Load() - before
 	batches := int64((n + 127) / 128)
 	t.Logf("safety re-read: %d Txns in %d TTLs for %d holds (%d Txns a read of them all)", got, ttls, n, batches)
-	if want := (ttls + 1) * batches; got > want {
+	if want := int64(ttls+1) * batches; got > want {
 		t.Errorf("safety re-read Txns in %d TTLs: got %d, want at most %d", ttls, got, want)
 	}
 	for i, d := range dones {
