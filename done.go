@@ -204,8 +204,8 @@ func (h *keyHold) signal(why LossReason) bool {
 	if h.capTimer != nil {
 		h.capTimer.Stop()
 	}
-	if h.ended {
-		return false
+	if h.ended || h.gone {
+		return false // ended, or its loss was reported already
 	}
 	h.gone = true
 	h.capped = why == LossMaxHold

@@ -26,6 +26,9 @@ const (
 	lossReadTimeout = 500 * time.Millisecond
 	// lossReadBatch is how many keys one Txn of the safety re-read reads.
 	lossReadBatch = 128
+	// lossRetry is how soon a full read that failed is tried again while
+	// no watch runs.
+	lossRetry = time.Second
 )
 
 // A lossSubject is what a loss watch watches: a hold whose loss signal was
@@ -55,6 +58,11 @@ type lossWatch struct {
 	capped   []lossSubject            // whose cap has passed (maxhold.go)
 	prefix   string                   // shared by every key added since the goroutine started: it only shortens
 	wake     chan struct{}            // tells the goroutine to look (capacity 1)
+	// perQueue counts the keys watched of each lock queue (name/), and
+	// emptied lists the queues whose count fell to 0 since the goroutine
+	// last looked: their watches, where there is one a queue, stop.
+	perQueue map[string]int
+	emptied  []string
 }
 
 // add watches sub for the loss of its hold, on the term tm, starting the
@@ -68,7 +76,7 @@ func (w *lossWatch) add(tm *leaseTerm, sub lossSubject, start func(func()) bool)
 		if w.wake == nil {
 			w.wake = make(chan struct{}, 1)
 		}
-		w.subjects, w.byKey = make(map[lossSubject]struct{}), make(map[string][]lossSubject)
+		w.subjects, w.byKey, w.perQueue = make(map[lossSubject]struct{}), make(map[string][]lossSubject), make(map[string]int)
 		w.prefix = keys[0]
 		if !start(func() { w.run(tm) }) {
 			return false
@@ -77,6 +85,9 @@ func (w *lossWatch) add(tm *leaseTerm, sub lossSubject, start func(func()) bool)
 	}
 	w.subjects[sub] = struct{}{}
 	for _, k := range keys {
+		if len(w.byKey[k]) == 0 {
+			w.perQueue[queuePrefix(k)]++
+		}
 		w.byKey[k] = append(w.byKey[k], sub)
 		w.prefix = sharedPrefix(w.prefix, k)
 	}
@@ -120,6 +131,11 @@ func (w *lossWatch) drop(sub lossSubject) bool {
 		}
 		if len(left) == 0 {
 			delete(w.byKey, k)
+			q := queuePrefix(k)
+			if w.perQueue[q]--; w.perQueue[q] <= 0 {
+				delete(w.perQueue, q)
+				w.emptied = append(w.emptied, q)
+			}
 		} else {
 			w.byKey[k] = left
 		}
@@ -165,9 +181,13 @@ type lossRun struct {
 	streams map[string]*lossStream // by prefix
 	events  chan streamed          // every watch's responses
 	grouped bool                   // one watch per lock queue
-	// broken: a watch ended (its history compacted, or it failed); a full
-	// read restarts them all.
+	// broken: a watch ended (its history compacted, or it failed), or the
+	// shared prefix shortened; a full read started since restarts them all.
+	// breaks counts the times, so that a read started before is not taken
+	// for one: it could have missed a hold added meanwhile.
 	broken bool
+	breaks int
+	retry  *time.Timer // a full read again, soon, while broken and the last one failed
 
 	// The reads: one round at a time, by a goroutine of its own.
 	reading  bool
@@ -197,6 +217,7 @@ type streamed struct {
 // revision of its Txn and its create revision (0: absent); rev 0, unread.
 type lossRead struct {
 	full  bool
+	gen   int // r.breaks when it started
 	keys  []string
 	found []readAt
 }
@@ -220,12 +241,17 @@ func (w *lossWatch) run(tm *leaseTerm) {
 	armed := true
 	reread := time.NewTicker(tm.ttl)
 	defer reread.Stop()
+	r.retry = time.NewTimer(time.Hour)
+	r.retry.Stop()
+	defer r.retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			r.loseAll(LossSessionClosed)
 		case <-w.wake:
 			r.look()
+		case <-r.retry.C:
+			r.fullDue = true
 		case ev := <-r.events:
 			r.watched(ev.st, ev.res)
 		case got := <-r.results:
@@ -263,7 +289,7 @@ func (r *lossRun) done() bool {
 	if len(w.subjects) > 0 {
 		return false
 	}
-	w.running, w.fresh, w.capped = false, nil, nil
+	w.running, w.fresh, w.capped, w.emptied = false, nil, nil, nil
 	return true
 }
 
@@ -300,8 +326,17 @@ func (r *lossRun) streamOf(key string) *lossStream {
 func (r *lossRun) look() {
 	w := r.w
 	w.mu.Lock()
-	fresh, capped := w.fresh, w.capped
-	w.fresh, w.capped = nil, nil
+	fresh, capped, emptied := w.fresh, w.capped, w.emptied
+	w.fresh, w.capped, w.emptied = nil, nil, nil
+	if r.grouped {
+		// A queue with no key watched any more: its watch stops.
+		for _, q := range emptied {
+			if st := r.streams[q]; st != nil && w.perQueue[q] == 0 {
+				st.stop()
+				delete(r.streams, q)
+			}
+		}
+	}
 	var lost []lossNote
 	for _, sub := range capped {
 		if w.drop(sub) {
@@ -340,16 +375,25 @@ func (r *lossRun) look() {
 	w.mu.Unlock()
 	r.lose(lost)
 	for p, from := range open {
-		if !r.grouped {
-			// The shared prefix is shorter: the watch reopens on it,
-			// from where the old one was.
-			for _, st := range r.streams {
-				from = min(from, st.seen+1)
-			}
+		if !r.grouped && len(r.streams) > 0 {
+			// The shared prefix is shorter. Reopening the watch from
+			// where the old one was would replay every delete under the
+			// new prefix since then: the watch restarts from a read of
+			// every key instead, as after a break (the holds added
+			// meanwhile are read too).
 			r.unwatch()
+			r.breakWatch()
+			break
 		}
 		r.watch(p, from)
 	}
+}
+
+// breakWatch marks the watches as needing a full read, started from now
+// on, to restart them.
+func (r *lossRun) breakWatch() {
+	r.broken, r.fullDue = true, true
+	r.breaks++
 }
 
 // watch opens the watch of deletes under prefix, from revision from.
@@ -415,11 +459,12 @@ func (r *lossRun) watched(st *lossStream, res watched) {
 			r.rewatch(st.seen + 1)
 			return
 		}
-		r.broken, r.fullDue = true, true
+		r.breakWatch()
 		return
 	}
 	w := r.w
 	var lost []lossNote
+	noted := make(map[lossSubject]bool) // a hold of several keys is lost once
 	w.mu.Lock()
 	for _, ev := range wr.Events {
 		if ev.Kv == nil {
@@ -432,7 +477,8 @@ func (r *lossRun) watched(st *lossStream, res watched) {
 		for _, sub := range w.byKey[string(ev.Kv.Key)] {
 			// Events at or before its creation are an earlier key of the
 			// same name, from a watch served by a member that lags.
-			if ev.Kv.ModRevision > sub.lossToken() {
+			if ev.Kv.ModRevision > sub.lossToken() && !noted[sub] {
+				noted[sub] = true
 				lost = append(lost, lossNote{sub, LossKeyDeleted})
 			}
 		}
@@ -472,7 +518,8 @@ func (r *lossRun) read() {
 	}
 	r.reading = true
 	ctx, tm, out := r.ctx, r.tm, r.results
-	r.work.Go(func() { out <- lossRead{full: full, keys: keys, found: readHeld(ctx, tm, keys)} })
+	gen := r.breaks
+	r.work.Go(func() { out <- lossRead{full: full, gen: gen, keys: keys, found: readHeld(ctx, tm, keys)} })
 }
 
 // readHeld reads keys, lossReadBatch to a Txn, and returns what it found
@@ -519,6 +566,7 @@ func readHeld(ctx context.Context, tm *leaseTerm, keys []string) []readAt {
 func (r *lossRun) judge(got lossRead) {
 	w := r.w
 	var lost []lossNote
+	noted := make(map[lossSubject]bool) // a hold of several keys is lost once
 	complete := true
 	var oldest int64
 	w.mu.Lock()
@@ -533,7 +581,8 @@ func (r *lossRun) judge(got lossRead) {
 		}
 		for _, sub := range w.byKey[k] {
 			// A subject created after the read is not judged by it.
-			if tok := sub.lossToken(); tok <= at.rev && at.create != tok {
+			if tok := sub.lossToken(); tok <= at.rev && at.create != tok && !noted[sub] {
+				noted[sub] = true
 				lost = append(lost, lossNote{sub, LossKeyDeleted})
 			}
 		}
@@ -543,12 +592,17 @@ func (r *lossRun) judge(got lossRead) {
 	}
 	w.mu.Unlock()
 	r.lose(lost)
-	if r.broken && got.full && complete && oldest > 0 {
+	switch {
+	case !r.broken || !got.full || got.gen != r.breaks:
+		// Not a read that can restart the watches: one started before
+		// the last break may have missed a hold added since.
+	case complete && oldest > 0:
 		r.broken = false
 		r.rewatch(oldest + 1)
+	default:
+		// Unknown: read again soon; the silence timer runs meanwhile.
+		r.retry.Reset(lossRetry)
 	}
-	// Otherwise, unknown: the next read decides, and the silence timer
-	// runs meanwhile.
 }
 
 // loseAll loses every subject, for why.
@@ -579,12 +633,24 @@ func (r *lossRun) lose(lost []lossNote) {
 		return
 	}
 	tm := r.tm
-	r.work.Go(func() {
-		gone := sync.OnceValue(tm.leaseGone)
-		for _, n := range report {
-			n.sub.report(n.why, gone)
+	gone := sync.OnceValue(tm.leaseGone)
+	var rest []lossNote
+	for _, n := range report {
+		if n.why == LossMaxHold {
+			// Its report deletes its key, which may take a while: the
+			// next capped hold's must not wait for it.
+			r.work.Go(func() { n.sub.report(n.why, gone) })
+			continue
 		}
-	})
+		rest = append(rest, n)
+	}
+	if len(rest) > 0 {
+		r.work.Go(func() {
+			for _, n := range rest {
+				n.sub.report(n.why, gone)
+			}
+		})
+	}
 }
 
 // refused reports whether err, a watch's, says that etcd refused it for

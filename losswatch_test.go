@@ -405,3 +405,161 @@ func TestLossWatchPermissions(t *testing.T) {
 		}
 	}
 }
+
+// TestLossWatchMultiOnce: a MultiMutex's hold, whose keys go together with
+// its revoked lease (in one watch response), is lost once: one HoldLost.
+func TestLossWatchMultiOnce(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	other := srv.Client(t)
+	ctx := testContext(t)
+	log := &eventLog{}
+	s := newSession(t, client, etcdlock.WithTTL(5*time.Second), etcdlock.WithObserver(log))
+	name := lockName(t)
+	m := etcdlock.NewMultiMutex(s, name+"/a", name+"/b")
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := m.Held()
+	done := h.Done()
+	time.Sleep(300 * time.Millisecond) // the watch is open
+	if _, err := other.Revoke(ctx, s.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(done, doneBound); !ok {
+		t.Fatalf("Done still open %v after the revoke", doneBound)
+	}
+	time.Sleep(time.Second) // any second report would come by now
+	if lost := log.find(func(e etcdlock.Event) bool { return e.Kind == etcdlock.HoldLost }); len(lost) != 1 {
+		t.Errorf("HoldLost events: got %d, want 1: %+v", len(lost), lost)
+	}
+}
+
+// TestLossWatchWidenNoReplay: a hold whose key lies outside the watched
+// prefix restarts the watch from a read, not from where the old watch was:
+// the deletes under the new prefix since then (1,000 of another lock's)
+// are not sent to the client again.
+func TestLossWatchWidenNoReplay(t *testing.T) {
+	testflags.Parallel(t)
+	srv, _ := startServer(t)
+	var events atomic.Int64
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return countedStream{cs, &events}, nil
+	}
+	client := serverClient(t, srv, nil, stream)
+	other := srv.Client(t)
+	ctx := testContext(t)
+	s := newSession(t, client, etcdlock.WithTTL(10*time.Second))
+	name := lockName(t)
+	a := etcdlock.NewMutex(s, name+"/a")
+	if err := a.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Done()
+	time.Sleep(300 * time.Millisecond) // the watch is open, on a's key
+	const churn = 1000
+	for i := range churn {
+		k := fmt.Sprintf("%s/zzz/%d", name, i)
+		if _, err := other.Put(ctx, k, "v"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := events.Load()
+	b := etcdlock.NewMutex(s, name+"/b")
+	if err := b.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bDone := b.Done()
+	time.Sleep(time.Second)
+	got := events.Load() - before
+	t.Logf("watch events received after the prefix widened: %d", got)
+	if got >= churn/2 {
+		t.Errorf("the widened watch replayed %d deletes from before it", got)
+	}
+	if isClosed(a.Done()) || isClosed(bDone) {
+		t.Fatal("a Done closed with both keys there")
+	}
+	if _, err := other.Delete(ctx, b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(bDone, doneBound); !ok {
+		t.Errorf("b's Done still open %v after its key's delete, on the widened watch", doneBound)
+	}
+	_ = a.UnlockContext(ctx)
+	_ = b.UnlockContext(ctx)
+}
+
+// countedStream counts the events of the watch responses it receives.
+type countedStream struct {
+	grpc.ClientStream
+	n *atomic.Int64
+}
+
+func (c countedStream) RecvMsg(m any) error {
+	err := c.ClientStream.RecvMsg(m)
+	if wr, ok := m.(*pb.WatchResponse); ok && err == nil {
+		c.n.Add(int64(len(wr.Events)))
+	}
+	return err
+}
+
+// TestLossWatchQueuesStop: under authentication that grants each lock's
+// queue alone (one watch per queue), a queue's watch stops when its last
+// watched hold ends, though another hold keeps the loss watch running.
+// Alone, not in parallel: it counts the process's goroutines.
+func TestLossWatchQueuesStop(t *testing.T) {
+	base := "perm/" + t.Name()
+	a, b := base+"/a", base+"/b"
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	env := authServer(t, prefixPermission(a, rw), prefixPermission(b+"/", rw), prefixPermission("etcdlock.fence.", rw))
+	c, err := clientv3.New(clientv3.Config{Endpoints: env.user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), Username: "locker", Password: "lockerpw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := newSession(t, c, etcdlock.WithTTL(5*time.Second))
+	ctx := testContext(t)
+	long := etcdlock.NewMutex(s, b)
+	if err := long.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = long.Done()
+	first := etcdlock.NewMutex(s, a+"x")
+	if err := first.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Done()
+	time.Sleep(500 * time.Millisecond) // the shared prefix refused: one watch a queue
+	if err := first.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	g0 := runtime.NumGoroutine()
+	const n = 40
+	for i := range n {
+		m := etcdlock.NewMutex(s, fmt.Sprintf("%s%d", a, i))
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = m.Done()
+		time.Sleep(20 * time.Millisecond)
+		if err := m.UnlockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var g1 int
+	if err := waitUntil(ctx, func() bool { g1 = runtime.NumGoroutine(); return g1 <= g0+n/4 }); err != nil {
+		t.Errorf("goroutines: %d before %d short holds with Done, %d after all were released: their queues' watches stay", g0, n, g1)
+	}
+	t.Logf("goroutines: %d before %d short holds with Done, %d after", g0, n, g1)
+	if err := long.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
