@@ -101,9 +101,10 @@ func liveMemory() (bytes uint64, goroutines int) {
 }
 
 // TestLossWatchCosts: 2,000 holds of one Session, each with Done watched,
-// cost at most 2 goroutines and 8 KiB of heap and stacks a hold beyond the
-// holds themselves (the goal is 1 and 4 KiB: the bounds are generous, as
-// the heap moves between two GCs), and their safety re-read is batched:
+// cost a few goroutines in all (at most 30: the loss watch's are a constant
+// of the term, about 10) and at most 8 KiB of heap and stacks a hold beyond
+// the holds themselves (the goal is 4 KiB: the bound is generous, as the
+// heap moves between two GCs), and their safety re-read is batched:
 // about one Txn a TTL per 128 holds, not one per hold.
 func TestLossWatchCosts(t *testing.T) {
 	// Alone, not in parallel: it measures the process's memory. -short
@@ -136,8 +137,8 @@ func TestLossWatchCosts(t *testing.T) {
 	perHold := float64(int64(bytes)-int64(heldBytes)) / float64(n)
 	goroutinesPerHold := float64(goroutines-heldGoroutines) / float64(n)
 	t.Logf("Done on %d holds: %d goroutines (%.3f a hold), %.0f bytes of heap and stacks a hold", n, goroutines-heldGoroutines, goroutinesPerHold, perHold)
-	if goroutinesPerHold > 2 {
-		t.Errorf("goroutines a hold with Done watched: got %.3f, want at most 2", goroutinesPerHold)
+	if extra := goroutines - heldGoroutines; goroutinesPerHold > 2 || extra > 30 {
+		t.Errorf("goroutines for %d holds with Done watched: got %d (%.3f a hold), want a few for them all (at most 30; the loss watch runs about 10)", n, extra, goroutinesPerHold)
 	}
 	if perHold > 8<<10 {
 		t.Errorf("heap and stacks a hold with Done watched: got %.0f bytes, want at most 8 KiB", perHold)
