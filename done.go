@@ -269,27 +269,6 @@ func (h *keyHold) lossReason(why LossReason, leaseGone func() bool) LossReason {
 	}
 }
 
-// A watched is one response of a watch, or its close (ok false).
-type watched struct {
-	wr clientv3.WatchResponse
-	ok bool
-}
-
-// forward passes wch's responses to out, then its close, until ctx ends.
-func forward(ctx context.Context, wch clientv3.WatchChan, out chan<- watched) {
-	for {
-		wr, ok := <-wch
-		select {
-		case out <- watched{wr, ok}:
-		case <-ctx.Done():
-			return
-		}
-		if !ok {
-			return
-		}
-	}
-}
-
 // reportEnd reports the end of hold h: its release, or its hand-off to
 // another goroutine of this process.
 func (h *keyHold) reportEnd() {

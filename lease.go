@@ -171,3 +171,17 @@ func (tm *leaseTerm) revoke(ctx context.Context) error {
 	}
 	return nil
 }
+
+// lossTTL and lossClient give the loss watch (losswatch.go) the term's TTL
+// and client.
+func (tm *leaseTerm) lossTTL() time.Duration       { return tm.ttl }
+func (tm *leaseTerm) lossClient() *clientv3.Client { return tm.client }
+
+// leaseGone asks etcd, within lossReadTimeout, whether the term's lease is
+// gone (revoked or expired).
+func (tm *leaseTerm) leaseGone() bool {
+	ctx, cancel := context.WithTimeout(tm.ctx(), lossReadTimeout)
+	defer cancel()
+	resp, err := tm.client.TimeToLive(ctx, tm.id)
+	return (err == nil && resp.TTL == -1) || errors.Is(err, rpctypes.ErrLeaseNotFound)
+}

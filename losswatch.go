@@ -31,6 +31,38 @@ const (
 	lossRetry = time.Second
 )
 
+// A lossTerm is what a loss watch needs of the lease term it watches for
+// (lease.go): its context, which ends with the term; the time left before
+// the early warning; its TTL; its client; and whether its lease is gone.
+type lossTerm interface {
+	ctx() context.Context
+	untilSilent() time.Duration
+	lossTTL() time.Duration
+	lossClient() *clientv3.Client
+	leaseGone() bool
+}
+
+// A watched is one response of a watch, or its close (ok false).
+type watched struct {
+	wr clientv3.WatchResponse
+	ok bool
+}
+
+// forward passes wch's responses to out, then its close, until ctx ends.
+func forward(ctx context.Context, wch clientv3.WatchChan, out chan<- watched) {
+	for {
+		wr, ok := <-wch
+		select {
+		case out <- watched{wr, ok}:
+		case <-ctx.Done():
+			return
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
 // A lossSubject is what a loss watch watches: a hold whose loss signal was
 // asked for.
 type lossSubject interface {
@@ -68,7 +100,7 @@ type lossWatch struct {
 // add watches sub for the loss of its hold, on the term tm, starting the
 // goroutine with start (Session.goBackground) if it does not run. It
 // reports false, and watches nothing, where start refuses.
-func (w *lossWatch) add(tm *leaseTerm, sub lossSubject, start func(func()) bool) bool {
+func (w *lossWatch) add(tm lossTerm, sub lossSubject, start func(func()) bool) bool {
 	keys := sub.lossKeys()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -172,7 +204,7 @@ type lossNote struct {
 // that goroutine touches.
 type lossRun struct {
 	w   *lossWatch
-	tm  *leaseTerm
+	tm  lossTerm
 	ctx context.Context // the run's reads' and watches': ends with the run
 
 	// The watches: one of the prefix every key shares; or, once etcd has
@@ -187,7 +219,7 @@ type lossRun struct {
 	// for one: it could have missed a hold added meanwhile.
 	broken bool
 	breaks int
-	retry  *time.Timer // a full read again, soon, while broken and the last one failed
+	soon   *time.Timer // a full read again, soon, while broken and the last one failed
 
 	// The reads: one round at a time, by a goroutine of its own.
 	reading  bool
@@ -226,7 +258,7 @@ type readAt struct{ rev, create int64 }
 
 // run watches the term's subjects until none is left, or the term ends,
 // which loses them all.
-func (w *lossWatch) run(tm *leaseTerm) {
+func (w *lossWatch) run(tm lossTerm) {
 	ctx := tm.ctx()
 	rctx, cancel := context.WithCancel(ctx)
 	r := &lossRun{w: w, tm: tm, ctx: rctx, streams: make(map[string]*lossStream), events: make(chan streamed), results: make(chan lossRead, 1)}
@@ -239,18 +271,18 @@ func (w *lossWatch) run(tm *leaseTerm) {
 	silence := time.NewTimer(tm.untilSilent())
 	defer silence.Stop()
 	armed := true
-	reread := time.NewTicker(tm.ttl)
+	reread := time.NewTicker(tm.lossTTL())
 	defer reread.Stop()
-	r.retry = time.NewTimer(time.Hour)
-	r.retry.Stop()
-	defer r.retry.Stop()
+	r.soon = time.NewTimer(time.Hour)
+	r.soon.Stop()
+	defer r.soon.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			r.loseAll(LossSessionClosed)
 		case <-w.wake:
 			r.look()
-		case <-r.retry.C:
+		case <-r.soon.C:
 			r.fullDue = true
 		case ev := <-r.events:
 			r.watched(ev.st, ev.res)
@@ -401,7 +433,7 @@ func (r *lossRun) watch(prefix string, from int64) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	st := &lossStream{prefix: prefix, stop: cancel, seen: from - 1}
 	r.streams[prefix] = st
-	client, out := r.tm.client, r.events
+	client, out := r.tm.lossClient(), r.events
 	r.work.Go(func() {
 		wch := client.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithFilterPut())
 		for {
@@ -526,12 +558,12 @@ func (r *lossRun) read() {
 // of each; it stops at the first Txn that fails. Each Txn ends by the point
 // of keep-alive silence, and none is sent after it: etcd unreachable then
 // is what the silence timer reports.
-func readHeld(ctx context.Context, tm *leaseTerm, keys []string) []readAt {
+func readHeld(ctx context.Context, tm lossTerm, keys []string) []readAt {
 	found := make([]readAt, len(keys))
 	ops := make([]clientv3.Op, 0, lossReadBatch)
 	for i := 0; i < len(keys); i += lossReadBatch {
 		batch := keys[i:min(i+lossReadBatch, len(keys))]
-		d := min(tm.ttl/3, tm.untilSilent())
+		d := min(tm.lossTTL()/3, tm.untilSilent())
 		if d <= 0 {
 			break
 		}
@@ -540,7 +572,7 @@ func readHeld(ctx context.Context, tm *leaseTerm, keys []string) []readAt {
 			ops = append(ops, clientv3.OpGet(k, clientv3.WithKeysOnly()))
 		}
 		rctx, cancel := context.WithTimeout(ctx, d)
-		resp, err := tm.client.Txn(rctx).Then(ops...).Commit()
+		resp, err := tm.lossClient().Txn(rctx).Then(ops...).Commit()
 		cancel()
 		if err != nil || resp == nil || resp.Header == nil || len(resp.Responses) != len(batch) {
 			break
@@ -601,7 +633,7 @@ func (r *lossRun) judge(got lossRead) {
 		r.rewatch(oldest + 1)
 	default:
 		// Unknown: read again soon; the silence timer runs meanwhile.
-		r.retry.Reset(lossRetry)
+		r.soon.Reset(lossRetry)
 	}
 }
 
@@ -658,13 +690,4 @@ func (r *lossRun) lose(lost []lossNote) {
 // text.
 func refused(err error) bool {
 	return err != nil && (errors.Is(err, rpctypes.ErrPermissionDenied) || strings.Contains(err.Error(), rpctypes.ErrPermissionDenied.Error()))
-}
-
-// leaseGone asks etcd, within lossReadTimeout, whether the term's lease is
-// gone (revoked or expired).
-func (tm *leaseTerm) leaseGone() bool {
-	ctx, cancel := context.WithTimeout(tm.ctx(), lossReadTimeout)
-	defer cancel()
-	resp, err := tm.client.TimeToLive(ctx, tm.id)
-	return (err == nil && resp.TTL == -1) || errors.Is(err, rpctypes.ErrLeaseNotFound)
 }
