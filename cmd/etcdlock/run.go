@@ -227,7 +227,7 @@ func newRunFlags() (*commandFlags, *runOptions) {
 	c.Var(&o.identity, "identity", "a `string` naming this run, stored in clear as the value of its lock key and shown by etcdlock holders: no secrets")
 	c.BoolVar(&o.withCmd, "identity-cmd", false, "add cmd=<COMMAND ARGS> to the default identity: stored in clear in etcd, so only for command lines without secrets")
 	c.BoolVar(&o.shared, "shared", false, "a shared hold, as flock's -s: many --shared runs at once, none beside a run without it")
-	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N")
+	c.IntVar(&o.limit, "limit", 0, "at most `N` runs with --limit N at once, as consul lock's -n; every run on NAME must give the same N, unless etcdlock limit recorded one")
 	c.Var(&o.locks, "lock", "a lock `NAME` to hold, instead of NAME; given several times, the run holds all those locks at once (not with --shared or --limit)")
 	c.durationVar(&o.maxHold, "max-hold", 0, "1h or 90m", "stop COMMAND as a lost lock (exit 74) once the lock was held this `long`, and delete its key; 0: no cap. Safe only where the resource checks ETCDLOCK_TOKEN")
 	c.durationVar(&o.delay, "lock-delay", 0, "5s or 30s", "once the lock is ours, wait this `long` before COMMAND starts if the holder before us may have crashed (its lease expired or was revoked); a holder that unlocked and then ended its lease at once, as a finished run does, counts as one; 0: no delay")
