@@ -13,6 +13,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -46,6 +47,9 @@ var oncallCalls = []oncallCall{
 	{"lock-delay-read", callHistory, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
 	{"lock-delay-lease", callLeaseTTL, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).lockDelay},
 	{"check-fence", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).checkFence},
+	{"check-fence-permit", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).checkFencePermit},
+	{"check-fence-permit-record", callHistory, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).checkFencePermit},
+	{"read-limit", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).readLimit},
 	{"set-limit", callSetLimit, txnFaults, (*oncallCase).setLimit},
 	{"set-limit-read", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).setLimit},
 	{"limit-watch", callLimitWatch, []fault{faultLagging, faultEvent}, (*oncallCase).limitWatch},
@@ -502,4 +506,78 @@ func (oc *oncallCase) limitWatch() {
 	}
 	release(t, p)
 	release(t, holder)
+}
+
+// checkFencePermit: CheckFence of a Semaphore's permit reads its queue and
+// then its limit record at that revision; either read faulted, it never
+// answers lost while etcd has the permit holding, writes nothing, and
+// answers lost once etcd deleted the key.
+func (oc *oncallCase) checkFencePermit() {
+	t := oc.t
+	ctx := testContext(t)
+	p, err := etcdlock.NewSemaphore(newSession(t, oc.healthy, etcdlock.WithTTL(matrixTTL)), oc.name, 1).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.Fence()
+	checker := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	rev := revision(t, oc.healthy)
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	oc.sm.enter(phaseHold, cancel)
+	err = etcdlock.CheckFence(cctx, checker, f)
+	cancel()
+	if errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("CheckFence of a permit etcd has: got %v, want nil or another error", err)
+	}
+	t.Logf("CheckFence, faulted: %v", err)
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	oc.sm.settle()
+	for _, w := range wroteSince(t, oc.healthy, rev) {
+		if strings.Contains(w, `"`+oc.name+"/") || strings.Contains(w, `"`+queue.LimitKey(oc.name)+`"`) {
+			t.Fatalf("CheckFence wrote %s", w)
+		}
+	}
+	if err := etcdlock.CheckFence(ctx, checker, f); err != nil {
+		t.Fatalf("CheckFence once healthy: got %v, want nil", err)
+	}
+	if _, err := oc.healthy.Delete(ctx, f.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdlock.CheckFence(ctx, checker, f); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("CheckFence after the key's delete: got %v, want ErrLockLost", err)
+	}
+	_ = p.Release(ctx)
+}
+
+// readLimit: ReadLimit's read of the queue and the record, faulted: an
+// error, or the limit etcd has (the record's, 3), never another.
+func (oc *oncallCase) readLimit() {
+	t := oc.t
+	ctx := testContext(t)
+	p, err := etcdlock.NewSemaphore(newSession(t, oc.healthy), oc.name, 2).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release(t, p)
+	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 3); err != nil {
+		t.Fatal(err)
+	}
+	reader := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	oc.sm.enter(phaseHold, cancel)
+	n, err := etcdlock.ReadLimit(rctx, reader, oc.name)
+	cancel()
+	t.Logf("ReadLimit, faulted: %d, %v", n, err)
+	if err == nil && n != 3 {
+		t.Fatalf("ReadLimit, faulted: got %d, want 3 or an error", n)
+	}
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	oc.sm.settle()
+	if n, err := etcdlock.ReadLimit(ctx, reader, oc.name); err != nil || n != 3 {
+		t.Fatalf("ReadLimit once healthy: got %d, %v, want 3", n, err)
+	}
 }
