@@ -73,7 +73,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // with a plain-text reason and:
 //
 //   - 428 Precondition Required: no fence;
-//   - 400 Bad Request: a fence that does not parse (etcdlock.ParseFence);
+//   - 400 Bad Request: a fence that does not parse (etcdlock.ParseFence), or
+//     that the Store cannot take (a lock name too long for its table);
 //   - 403 Forbidden: a fence of another lock than Lock;
 //   - 409 Conflict: a stale fence (ErrStale): its holder has lost the lock;
 //   - 503 Service Unavailable: the Store failed (a database down, a commit
@@ -83,7 +84,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // that a client never sees a success whose write did not commit; a
 // streaming response arrives whole at the end. A response of Next with a
 // status of 400 or more is sent without committing (an SQLStore rolls back
-// Next's writes, and the admission of its token). Guard with Handler the
+// Next's writes and the admission of its token; a Memory forgets the
+// token). Guard with Handler the
 // routes that write and the reads that a write depends on: a holder's late
 // write can land between the next holder's unfenced read and its write,
 // and undo it (docs/reliability.md, "Fencing at the resource").
@@ -126,6 +128,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resp.send(w)
 	case errors.Is(err, ErrStale):
 		http.Error(w, err.Error(), http.StatusConflict)
+	case errors.Is(err, etcdlock.ErrInvalidArgument), errors.Is(err, etcdlock.ErrInvalidFence):
+		// The Store cannot take this fence (a lock name too long for the
+		// table, say): no retry will do.
+		http.Error(w, err.Error(), http.StatusBadRequest)
 	case err != nil:
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	default:

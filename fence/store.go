@@ -28,8 +28,10 @@ type Store interface {
 }
 
 // Memory is a Store in memory, for one process: its highest tokens go with
-// it. The zero Memory is ready to use; it must not be copied after first
-// use.
+// it. It keeps one entry per lock name it has seen, for its life: behind a
+// Handler with no Lock, which takes the name from the request, a client can
+// make it grow; set Handler.Lock, or use SQLStore there. The zero Memory
+// is ready to use; it must not be copied after first use.
 type Memory struct {
 	mu    sync.Mutex
 	locks map[string]*memoryLock
@@ -63,8 +65,15 @@ func (m *Memory) Do(ctx context.Context, f etcdlock.Fence, work func(ctx context
 	if f.Token < l.highest {
 		return stale(f, l.highest)
 	}
+	// As SQLStore's transaction: work that fails leaves no trace, the
+	// token it was admitted with included.
+	before := l.highest
 	l.highest = f.Token
-	return work(ctx)
+	err := work(ctx)
+	if err != nil {
+		l.highest = before
+	}
+	return err
 }
 
 // Highest returns the highest token accepted for the lock name, 0 if none

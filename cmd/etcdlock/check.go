@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -20,7 +17,7 @@ still needs a resource that refuses stale tokens.
 
 Exit statuses: 0 the hold holds; 74 it does not (its key is gone, was made
 anew, or waits); 64 usage, or a FENCE that does not parse; 69 etcd
-unreachable or refused us.
+unreachable or refused us; 130 interrupted.
 `
 
 func newCheckFlags() (*commandFlags, *connFlags) {
@@ -50,20 +47,12 @@ func checkCommand(args []string, sio stdio) error {
 	if err != nil {
 		return usagef("check", "%v", err)
 	}
-	if err := conn.fromEnv(fs, sio.getenv); err != nil {
-		return err
-	}
-	cfg, err := conn.config("check")
+	c, err := conn.dial(fs, "check", f.Name, sio)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	cli, err := connect(ctx, cfg, f.Name+"/")
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
+	defer c.Close()
+	ctx, cli, cfg := c.ctx, c.cli, c.cfg
 	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	err = etcdlock.CheckFence(qctx, cli, f)
@@ -74,10 +63,8 @@ func checkCommand(args []string, sio stdio) error {
 	case errors.Is(err, etcdlock.ErrLockLost):
 		fmt.Fprintf(sio.out, "lost: %v\n", err)
 		return withStatus(exitLost, nil)
-	case ctx.Err() != nil:
-		return ctx.Err()
-	case qctx.Err() != nil:
+	case ctx.Err() == nil && qctx.Err() != nil:
 		return withStatus(exitUnavailable, fmt.Errorf("etcd at %s: no answer to the check within %v: %w", endpointList(cfg), queryTimeout, err))
 	}
-	return unavailable(cfg, err)
+	return c.failed(err)
 }

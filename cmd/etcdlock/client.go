@@ -51,6 +51,16 @@ func (cf *connFlags) dial(fs *commandFlags, cmd, name string, sio stdio) (*lockC
 	return &lockConn{ctx: ctx, cli: cli, cfg: cfg, stop: stop}, nil
 }
 
+// failed returns the status of a call on c that failed with err: 130 when
+// the command was interrupted (SIGINT, SIGTERM) meanwhile, so that an
+// interrupt is not reported as etcd unreachable; else unavailable's.
+func (c *lockConn) failed(err error) error {
+	if c.ctx.Err() != nil {
+		return withStatus(exitInterrupted, fmt.Errorf("interrupted: %w", err))
+	}
+	return unavailable(c.cfg, err)
+}
+
 // Close closes the client and stops catching the signals.
 func (c *lockConn) Close() {
 	c.cli.Close()

@@ -38,7 +38,7 @@ While etcd is unreachable it waits and retries; a change it could not see
 then is shown once etcd answers again.
 
 Exit statuses: 0 whether the lock is held or free; 64 usage; 69 etcd
-unreachable or refused us.
+unreachable or refused us; 130 interrupted.
 `
 
 // holdersOptions are the flags of holders.
@@ -73,7 +73,7 @@ func holdersCommand(args []string, sio stdio) error {
 		return err
 	}
 	defer c.Close()
-	ctx, cli, cfg := c.ctx, c.cli, c.cfg
+	ctx, cli := c.ctx, c.cli
 	if o.watch {
 		watchQueue(ctx, cli, name, sio.out)
 		return nil
@@ -82,11 +82,11 @@ func holdersCommand(args []string, sio stdio) error {
 	defer cancel()
 	entries, err := etcdlock.Inspect(qctx, cli, name)
 	if err != nil {
-		return unavailable(cfg, err)
+		return c.failed(err)
 	}
 	q, err := withTTLs(qctx, cli, entries)
 	if err != nil {
-		return unavailable(cfg, err)
+		return c.failed(err)
 	}
 	printQueue(sio.out, q)
 	return nil

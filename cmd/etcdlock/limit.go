@@ -24,7 +24,7 @@ later.
 Exit statuses: 0 shown or set; 64 usage (N not a positive integer); 65 the
 queue of NAME is not a Semaphore's of one limit, or more than 120 keys hold
 (too many to lower the limit under); 69 etcd unreachable or refused us, or
-no quiet moment to lower the limit in within 5 s.
+no quiet moment to lower the limit in within 5 s; 130 interrupted.
 `
 
 func newLimitFlags() (*commandFlags, *connFlags) {
@@ -57,7 +57,7 @@ func limitCommand(args []string, sio stdio) error {
 		return err
 	}
 	defer c.Close()
-	ctx, cli, cfg := c.ctx, c.cli, c.cfg
+	ctx, cli := c.ctx, c.cli
 	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	if set > 0 {
@@ -66,13 +66,13 @@ func limitCommand(args []string, sio stdio) error {
 		case errors.Is(err, etcdlock.ErrLimitMismatch), errors.Is(err, etcdlock.ErrInvalidArgument):
 			return withStatus(exitDataErr, err)
 		case err != nil:
-			return unavailable(cfg, err)
+			return c.failed(err)
 		}
 	}
 	n, err := etcdlock.ReadLimit(qctx, cli, name)
 	switch {
 	case err != nil:
-		return unavailable(cfg, err)
+		return c.failed(err)
 	case n == 0:
 		fmt.Fprintf(sio.out, "%s: no limit recorded, and no permit held\n", printable(name))
 	default:

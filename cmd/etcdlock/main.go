@@ -29,6 +29,7 @@ const (
 	exitFailed      = 1   // demo: a check failed
 	exitUsage       = 64  // EX_USAGE: bad command line, flag, variable or file
 	exitUnavailable = 69  // EX_UNAVAILABLE: etcd unreachable or refused us
+	exitInterrupted = 130 // holders, check, release, limit: SIGINT or SIGTERM before they were done
 	exitLost        = 74  // the lock was lost while the command ran
 	exitBusy        = 75  // EX_TEMPFAIL: the lock is held and --wait ran out
 	exitDone        = 76  // --once-per's slot was done: COMMAND did not run (no sysexits meaning; EX_PROTOCOL unused here)

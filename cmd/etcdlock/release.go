@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/etcdlock/etcdlock"
 )
@@ -31,7 +34,8 @@ Shows the keys, then asks for a confirmation on standard input, unless
 --yes is given.
 
 Exit statuses: 0 every key released (or gone already); 1 not confirmed;
-64 usage; 66 no holder, or no such key; 69 etcd unreachable or refused us.
+64 usage; 66 no holder, or no such key; 69 etcd unreachable or refused us;
+130 interrupted (before the confirmation: nothing was released).
 `
 
 // releaseOptions are the flags of release.
@@ -76,7 +80,7 @@ func releaseCommand(args []string, sio stdio) error {
 		return err
 	}
 	defer c.Close()
-	ctx, cli, cfg := c.ctx, c.cli, c.cfg
+	ctx, cli := c.ctx, c.cli
 	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	entries, err := etcdlock.Inspect(qctx, cli, name)
 	var q []queued
@@ -85,7 +89,7 @@ func releaseCommand(args []string, sio stdio) error {
 	}
 	cancel()
 	if err != nil {
-		return unavailable(cfg, err)
+		return c.failed(err)
 	}
 	if len(q) == 0 {
 		if o.key != "" || o.token != 0 {
@@ -94,6 +98,12 @@ func releaseCommand(args []string, sio stdio) error {
 		return withStatus(exitNothing, fmt.Errorf("release %q: no holder", name))
 	}
 	printQueue(sio.out, q)
+	if !o.yes {
+		// From the question on, an interrupt ends the command at once (the
+		// default action, which dial's catching had replaced): before the
+		// answer, nothing is released.
+		signal.Reset(os.Interrupt, syscall.SIGTERM)
+	}
 	if !o.yes && !confirm(sio, fmt.Sprintf("Release %d key(s) of %q? [y/N] ", len(q), name)) {
 		return withStatus(exitFailed, errors.New("release: not confirmed; nothing released (--yes releases without asking)"))
 	}
@@ -105,7 +115,7 @@ func releaseCommand(args []string, sio stdio) error {
 		case errors.Is(err, etcdlock.ErrNotHeld):
 			fmt.Fprintf(sio.out, "gone already: %s (token %d)\n", printable(e.Key), e.Token)
 		case err != nil:
-			return unavailable(cfg, err)
+			return c.failed(err)
 		default:
 			fmt.Fprintf(sio.out, "released: %s (token %d)\n", printable(e.Key), e.Token)
 		}

@@ -604,6 +604,15 @@ wait:
 			lost, lostAt = nil, time.Now()
 			kill = r.stop(pid, fmt.Sprintf("lost the lock %q (%s)", r.name, r.lossReason(0)))
 		case <-stalled:
+			select {
+			case <-exited:
+				// It exited as the period ran out: in time, not stalled.
+				if fg {
+					r.warn(takeForeground(tty))
+				}
+				break wait
+			default:
+			}
 			stalled, lost, lostAt, gaveUp = nil, nil, time.Now(), true
 			kill = r.stop(pid, fmt.Sprintf("giving up the lock %q: %s did not touch $ETCDLOCK_PROGRESS for --watchdog %v", r.name, r.command[0], r.opts.watchdog))
 		case <-kill:
