@@ -30,7 +30,7 @@ type Semaphore struct {
 	name      string
 	limit     int
 	rules     sync.Map     // weight → *queue.Rule: a try's read-first state, kept per weight
-	ruleCount atomic.Int32 // rules made to keep, up to maxRules
+	ruleCount atomic.Int32 // rules kept, about maxRules at most
 }
 
 // NewSemaphore returns a handle on the semaphore called name with at most
@@ -55,11 +55,14 @@ func (sem *Semaphore) rule(weight int) *queue.Rule {
 	r := queue.Semaphore(name, limit, weight, func(value []byte) error {
 		return fmt.Errorf("%w: a holder of %q has %s, this Semaphore %d", ErrLimitMismatch, name, describeLimit(value), limit)
 	})
-	if sem.ruleCount.Add(1) <= maxRules {
-		actual, _ := sem.rules.LoadOrStore(weight, r)
-		return actual.(*queue.Rule)
+	if sem.ruleCount.Load() >= maxRules {
+		return r
 	}
-	return r
+	actual, loaded := sem.rules.LoadOrStore(weight, r)
+	if !loaded {
+		sem.ruleCount.Add(1) // racing first stores may pass maxRules by a few
+	}
+	return actual.(*queue.Rule)
 }
 
 // Name returns the semaphore's name, as given to NewSemaphore.

@@ -54,8 +54,9 @@ const retryPause = 100 * time.Millisecond
 // record outlives the hold and its Session, and goes when its lease
 // expires. It returns nil once etcd said the put was applied; ErrNotOwner
 // if the hold had ended and no put of this call was applied, its lease then
-// revoked; else etcd's error, the record then in etcd or not, its lease
-// left to expire.
+// revoked; etcd's refusal, the lease revoked; else etcd's error (or, the
+// hold ended, a read that failed), the record then in etcd or not, its
+// lease left to expire.
 //
 // A put whose reply was lost is sent again until ctx ends: under the same
 // guard, with the same value and lease, it is the same write, so a first
@@ -73,7 +74,12 @@ func Record(ctx context.Context, c *clientv3.Client, key, value string, owner cl
 			return nil
 		case err == nil:
 			return notOwner(ctx, c, key, lease.ID)
-		case !transient(err) || ctx.Err() != nil:
+		case !transient(err):
+			// Refused (permission denied, say): not applied, nor will it
+			// be; the lease would stand for the retention with no key.
+			revoke(ctx, c, lease.ID)
+			return fmt.Errorf("etcdlock: record %q: %w", key, err)
+		case ctx.Err() != nil:
 			return fmt.Errorf("etcdlock: record %q: %w", key, err)
 		}
 		select {
@@ -90,14 +96,26 @@ func Record(ctx context.Context, c *clientv3.Client, key, value string, owner cl
 func notOwner(ctx context.Context, c *clientv3.Client, key string, lease clientv3.LeaseID) error {
 	resp, err := c.Get(ctx, key)
 	if err != nil {
-		return fmt.Errorf("%w (and its record %q could not be read: %w)", ErrNotOwner, key, err)
+		// Unknown: not ErrNotOwner, as an earlier put may stand.
+		return fmt.Errorf("etcdlock: the hold ended before the record %q was known to be put, and it could not be read: %w", key, err)
 	}
 	if len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) == lease {
 		return nil
 	}
 	// No put of ours can apply from now on: the guard fails for good.
-	_, _ = c.Revoke(ctx, lease)
+	revoke(ctx, c, lease)
 	return ErrNotOwner
+}
+
+// revokeTimeout bounds the revoke of a record's lease that holds no key.
+const revokeTimeout = 2 * time.Second
+
+// revoke revokes lease, on a context detached from ctx (which may have
+// ended) and bounded: where it fails, the lease expires with the retention.
+func revoke(ctx context.Context, c *clientv3.Client, lease clientv3.LeaseID) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), revokeTimeout)
+	defer cancel()
+	_, _ = c.Revoke(rctx, lease)
 }
 
 // transient reports whether err may be a lost reply or a passing failure,

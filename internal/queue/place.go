@@ -210,10 +210,7 @@ func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int
 		}
 		limit, w, _, ok := ParseSemaphoreValue(kv.Value)
 		if !ok || (!recorded && limit != r.limit) {
-			if err := r.accept(kv.Value); err != nil {
-				return place{}, err
-			}
-			return place{}, ErrMalformed
+			return place{}, r.accept(kv.Value)
 		}
 		t.add(kv.CreateRevision, w)
 		last = kv

@@ -33,9 +33,9 @@ type Rule struct {
 	weight int
 	// limitKey is the key of a semaphore's limit record; "" for a lock.
 	limitKey string
-	// accept is the error of an older key's value that is no permit's, or
-	// that carries another limit while no record says the limit (a
-	// semaphore's); nil: values are not read.
+	// accept returns the error, never nil, of an older key's value that is
+	// no permit's, or that carries another limit while no record says the
+	// limit (a semaphore's); nil for a lock, whose reads bring no values.
 	accept func(value []byte) error
 	// busy: the last try with this rule found the queue blocked.
 	busy atomic.Bool
