@@ -15,7 +15,7 @@ import (
 )
 
 // Three replicas, each with its own Session and scheduler, run a job every
-// second: each tick runs on one of them. The replicas here are in one
+// 2 seconds: each tick runs on one of them. The replicas here are in one
 // process, on an in-process etcd; in your code, each process makes one,
 // connected to your own etcd.
 func ExampleLocker() {

@@ -56,9 +56,11 @@ func TestRunOnCall(t *testing.T) {
 		name := lockName(t)
 		// Reports progress for 1.2 s, then hangs.
 		report := `for i in 1 2 3 4 5 6; do touch "$ETCDLOCK_PROGRESS"; sleep 0.2; done; sleep 60`
-		r := runCLI(t, nil, "run", "--watchdog", "1s", "--kill-grace", "0", "--endpoints", ep, name, "--", "sh", "-c", report)
+		// A period of 3 s: a 0.2 s step would need to stall 3 s on a loaded
+		// machine to trip it early.
+		r := runCLI(t, nil, "run", "--watchdog", "3s", "--kill-grace", "0", "--endpoints", ep, name, "--", "sh", "-c", report)
 		r.want(t, exitLost)
-		if !strings.Contains(r.stderr, "--watchdog 1s") {
+		if !strings.Contains(r.stderr, "--watchdog 3s") {
 			t.Fatalf("stderr: got %q, want it to name --watchdog", r.stderr)
 		}
 		if r.took < 1200*time.Millisecond {
@@ -68,7 +70,7 @@ func TestRunOnCall(t *testing.T) {
 			t.Fatalf("keys after the watchdog gave up: got %v, want none", keys)
 		}
 		ok := `for i in 1 2 3 4 5 6; do touch "$ETCDLOCK_PROGRESS"; sleep 0.2; done`
-		runCLI(t, nil, "run", "--watchdog", "2s", "--endpoints", ep, name, "--", "sh", "-c", ok).want(t, 0)
+		runCLI(t, nil, "run", "--watchdog", "3s", "--endpoints", ep, name, "--", "sh", "-c", ok).want(t, 0)
 	})
 
 	t.Run("bad input", func(t *testing.T) {
