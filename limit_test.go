@@ -202,7 +202,7 @@ func TestSetLimitChurn(t *testing.T) {
 	_, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
-	const workers, most = 4, 3
+	const workers, most = 6, 3
 	var inUse, peak, given atomic.Int64
 	running := atomic.Bool{}
 	running.Store(true)

@@ -12,7 +12,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A term's loss watch: one goroutine per lease term, while any of its holds
+// A term's loss watch: one goroutine per lease term (and the few it starts
+// to open a watch or read), while any of its holds
 // has a loss signal, watches for all of them. Keep-alive silence is the
 // lease's, so one timer serves every hold; one watch of deletes over the
 // longest prefix shared by their keys (where etcd refuses it, one per lock

