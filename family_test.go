@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -22,14 +23,20 @@ type member struct {
 	open func(s *etcdlock.Session, name string) famLock
 	// blocker returns a lock that, held, makes open's lock wait.
 	blocker func(s *etcdlock.Session, name string) famLock
+	// ahead is how many waiters between the holder and a waiter make it
+	// read its place when they go: one for a lock (a Mutex's only waiter
+	// takes the holder's delete with no read); for a semaphore, as many as
+	// wait near the head, where a waiter counts its turn from the queue's
+	// events.
+	ahead int
 }
 
 var family = []member{
-	{"Mutex", openMutex, openMutex},
-	{"RWMutex write", openWriter, openReader},
-	{"RWMutex read", openReader, openWriter},
-	{"Semaphore 1", openSemaphore(1), openSemaphore(1)},
-	{"Semaphore 2", openSemaphore(2), blockSemaphore(2)},
+	{"Mutex", openMutex, openMutex, 1},
+	{"RWMutex write", openWriter, openReader, 1},
+	{"RWMutex read", openReader, openWriter, 1},
+	{"Semaphore 1", openSemaphore(1), openSemaphore(1), queue.NearHead},
+	{"Semaphore 2", openSemaphore(2), blockSemaphore(2), queue.NearHead},
 }
 
 func openMutex(s *etcdlock.Session, name string) famLock {
@@ -115,29 +122,32 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 				}
 				released := make(chan error, 1)
 				var holderGoes atomic.Bool // set as the holder releases
-				var middle *worker
+				var middles []*worker
 				if tc.release {
-					keys := len(lockKeys(t, client, name))
-					middle = lockInGoroutine(t, ctx, famLocker{p.open(newSession(t, client), name)})
-					eventually(t, "the middle waiter queued", func() bool { return len(lockKeys(t, client, name)) > keys })
+					for range p.ahead {
+						keys := len(lockKeys(t, client, name))
+						middles = append(middles, lockInGoroutine(t, ctx, famLocker{p.open(newSession(t, client), name)}))
+						eventually(t, "the middle waiter queued", func() bool { return len(lockKeys(t, client, name)) > keys })
+					}
 					before := len(lockKeys(t, client, name))
 					go func() {
 						if err := waitUntil(ctx, func() bool { return len(lockKeys(t, client, name)) > before }); err != nil {
 							released <- err
 							return
 						}
-						// The holder, then the middle waiter, leave: we are
+						// The holder, then the middle waiters, leave: we are
 						// woken by a release and read our place.
 						holderGoes.Store(true)
-						if err := holder.Release(); err != nil {
-							released <- err
-							return
+						err := holder.Release()
+						for _, m := range middles {
+							if err == nil {
+								err = <-m.locked
+							}
+							if err == nil {
+								err = m.Release()
+							}
 						}
-						if err := <-middle.locked; err != nil {
-							released <- err
-							return
-						}
-						released <- middle.Release()
+						released <- err
 					}()
 				}
 				s := newSession(t, ic)

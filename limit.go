@@ -26,8 +26,10 @@ const maxLimitKeys = 120
 // limit, admits keys while their permits fit within it. Holders above a
 // lowered limit keep their permits: they are recorded as kept, and new
 // acquisitions wait until the permits held fit within the new limit. A
-// raised limit admits waiters at once: the head of the queue watches the
-// record.
+// raised limit admits waiters at once. The Txn also puts the first waiters'
+// keys again, unchanged, so that they read the new record (it needs write
+// permission on name/ besides the record); a record written or deleted by
+// hand reaches the waiters only at their next read, within a TTL.
 //
 // It is a read and one Txn. A raise writes unless another SetLimit wrote in
 // between. A lowering writes only if the queue's holders are still those
@@ -75,7 +77,9 @@ func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit i
 
 // trySetLimit reads the queue of name and writes its limit record, keeping
 // its holders, unless what the write depends on changed since the read:
-// false then.
+// false then. The same Txn touches the first waiters' keys (queue.Touch), so
+// that the waiters near the head, which count their turn from the queue's
+// events, read the new record before any later event.
 //
 // A raise (a limit at least the one in force) depends only on the record:
 // with the same keep, a larger limit takes no hold away (a key holds when
@@ -128,7 +132,18 @@ func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limi
 			return false, fmt.Errorf("%w: cannot lower the limit of %q while %d keys hold or wait first: more than one Txn can guard; lower it when fewer hold", ErrInvalidArgument, name, len(cmps)-2)
 		}
 	}
-	txn, err := client.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, queue.Limit{N: limit, Keep: keep}.Value())).Commit()
+	ops := []clientv3.Op{clientv3.OpPut(key, queue.Limit{N: limit, Keep: keep}.Value())}
+	touched := 0
+	for i, h := range holds {
+		if h {
+			continue
+		}
+		if touched++; touched > queue.NearHead {
+			break
+		}
+		ops = append(ops, queue.Touch(string(members[i].Key), members[i].CreateRevision))
+	}
+	txn, err := client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	switch {
 	case err != nil:
 		return false, err

@@ -102,6 +102,56 @@ func TestSetLimitLower(t *testing.T) {
 	release(t, p)
 }
 
+// TestSetLimitLowerWhileWaiting: waiters queued before a lowering, near
+// the head, count their turn from the queue's events with the limit they
+// read when they queued. The lowering touches their keys, so that they read
+// it before any release: as 3 holders of limit 4 leave one by one, neither
+// waiter gets in until the permits held fit the new limit of 1, and then
+// only the first. (Without the touch, the first waiter got in as the first
+// holder left, 3 permits held at limit 1.)
+func TestSetLimitLowerWhileWaiting(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	var held []*etcdlock.Permit
+	for range 4 {
+		p, err := etcdlock.NewSemaphore(newSession(t, client), name, 4).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	var waiters []<-chan permitResult
+	for i := range 2 {
+		waiters = append(waiters, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(time.Minute)), name, 4)))
+		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == len(held)+i+1 })
+	}
+	time.Sleep(ownWait) // both watch the queue
+	if err := etcdlock.SetLimit(ctx, client, name, 1); err != nil {
+		t.Fatalf("SetLimit(1): %v", err)
+	}
+	for len(held) > 1 {
+		release(t, held[0])
+		held = held[1:]
+		for i, w := range waiters {
+			if !waiting(w, 300*time.Millisecond) {
+				t.Fatalf("waiter %d got in with %d kept permits held, limit 1", i, len(held))
+			}
+		}
+	}
+	release(t, held[0])
+	first := admitted(t, waiters[0])
+	if !waiting(waiters[1], 300*time.Millisecond) {
+		t.Fatal("the second waiter got in beside the first, limit 1")
+	}
+	if got := holdersIn(t, client, name); len(got) != 1 || got[0] != first.Key() {
+		t.Errorf("holders: got %q, want only %q", got, first.Key())
+	}
+	release(t, first)
+	release(t, admitted(t, waiters[1]))
+}
+
 // TestSetLimitRaise: a raised limit admits the waiters at once, the head by
 // its watch of the record and the next by the head's wake-up (a TTL of a
 // minute: no safety re-read comes in time); a Semaphore made with another

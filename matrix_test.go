@@ -16,6 +16,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -357,10 +358,20 @@ func (mc *matrixCase) run(srv *etcdtest.Server, healthy *clientv3.Client) {
 	defer releaseH()
 
 	// M waits between H and the actor, so that the actor reads its place
-	// when M goes; it holds only an instant.
-	var mDone <-chan error
-	if mc.at == callRead {
-		mDone = mc.queue(ctx, mc.kind.other(newSession(t, healthy), mc.name), true)
+	// when M goes; it holds only an instant. A Semaphore's waiter (its
+	// kind's calls have the promote) reads its place, watches its own key
+	// and promotes only with NearHead waiters ahead of it: nearer the head
+	// it counts its turn from the queue's events. So many M's wait then.
+	var mDone []<-chan error
+	ahead := 0
+	switch {
+	case slices.Contains(mc.kind.calls, callPromote) && (mc.at == callRead || mc.at == callPromote || mc.at == callOwnWatch):
+		ahead = queue.NearHead
+	case mc.at == callRead:
+		ahead = 1
+	}
+	for range ahead {
+		mDone = append(mDone, mc.queue(ctx, mc.kind.other(newSession(t, healthy), mc.name), true))
 	}
 
 	a := mc.kind.actor(t, client, mc.session, mc.name, mc.sm)
@@ -409,8 +420,8 @@ func (mc *matrixCase) run(srv *etcdtest.Server, healthy *clientv3.Client) {
 		mc.tokens = append(mc.tokens, token)
 	}
 	releaseH()
-	if mDone != nil {
-		if err := waitErr(t, mDone); err != nil {
+	for _, done := range mDone {
+		if err := waitErr(t, done); err != nil {
 			t.Errorf("M: %v", err)
 		}
 	}

@@ -45,7 +45,7 @@ func TestMaxHold(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
 	const maxHold = time.Second
-	kinds := append(slices.Clone(family), member{"MultiMutex", openMulti, openMutex})
+	kinds := append(slices.Clone(family), member{"MultiMutex", openMulti, openMutex, 1})
 	for _, p := range kinds {
 		t.Run(p.name, func(t *testing.T) {
 			testflags.Parallel(t)

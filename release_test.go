@@ -53,7 +53,7 @@ func entryOf(t *testing.T, client *clientv3.Client, name string, lease clientv3.
 func TestRelease(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
-	kinds := append(slices.Clone(family), member{"MultiMutex", openMulti, openMutex})
+	kinds := append(slices.Clone(family), member{"MultiMutex", openMulti, openMutex, 1})
 	for _, p := range kinds {
 		t.Run(p.name, func(t *testing.T) {
 			ctx := testContext(t)

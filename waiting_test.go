@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -60,11 +61,11 @@ func TestWaiting(t *testing.T) {
 		member
 		beside func(s *etcdlock.Session, name string) famLock // holds beside the hold, nil if nothing can
 	}{
-		{member{"Mutex", openMutex, openMutex}, nil},
-		{member{"RWMutex write", openWriter, openReader}, nil},
-		{member{"RWMutex read", openReader, openWriter}, openReader},
-		{member{"Semaphore 2", openSemaphore(2), openSemaphore(2)}, openSemaphore(2)},
-		{member{"MultiMutex", openMulti, openMutex}, nil},
+		{member{"Mutex", openMutex, openMutex, 1}, nil},
+		{member{"RWMutex write", openWriter, openReader, 1}, nil},
+		{member{"RWMutex read", openReader, openWriter, 1}, openReader},
+		{member{"Semaphore 2", openSemaphore(2), openSemaphore(2), queue.NearHead}, openSemaphore(2)},
+		{member{"MultiMutex", openMulti, openMutex, 1}, nil},
 	}
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {

@@ -37,9 +37,13 @@ type place struct {
 	verdict verdict
 	seen    int64  // the revision of the read
 	watch   string // what to watch while blocked
-	prefix  bool   // watch every key under watch, for deletes (a semaphore's head waiter)
-	puts    bool   // also wake on a put of watch (a semaphore waiter: its predecessor's admission)
+	prefix  bool   // watch every key under watch (a semaphore's waiter near the head)
+	puts    bool   // also wake on a put of watch (a semaphore's waiter: a touch, or its predecessor's admission)
 	next    bool   // a key is queued behind ours
+	ahead   int    // a semaphore's: how many older keys wait
+	// turn: a semaphore's waiter near the head counts its turn from the
+	// prefix's events (turn.go); nil for any other place.
+	turn *turn
 	// A lock's waiter: owner means watch is the only key that blocks us, so
 	// that its delete makes us the holder with no read; watchRev is watch's
 	// create revision.
@@ -132,6 +136,9 @@ func (r *Rule) placeOlder(replies []*pb.ResponseOp, rev, seen int64, full bool) 
 		}
 		p, err := r.count(older, rec, rev, seen)
 		p.next = len(replies) > 2 && len(replies[1].GetResponseRange().Kvs) > 0
+		if p.turn != nil {
+			p.turn.next = p.next
+		}
 		return p, err
 	case full:
 		// Every older key, oldest first.
@@ -192,47 +199,50 @@ func (r *Rule) lockPlace(newestFirst []*mvccpb.KeyValue, complete bool, seen int
 
 // count reads the place of a semaphore's key created at rev (MaxInt64: a
 // key put now) from every key older than it, oldest first, and the limit
-// record rec (nil if none), read at revision seen (limit.go).
+// record rec (nil if none), read at revision seen (limit.go). A waiter with
+// fewer than NearHead keys waiting ahead counts its turn from the prefix's
+// events (turn.go); one further back watches its predecessor, whose
+// admission, or leaving, moves it up.
 func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int64) (place, error) {
-	l, recorded, recRev := Limit{N: r.limit}, rec != nil, int64(0)
-	if recorded {
+	u := &turn{seen: seen, limit: Limit{N: r.limit}}
+	if rec != nil {
 		var ok bool
-		if l, ok = ParseLimit(rec.Value); !ok {
+		if u.limit, ok = ParseLimit(rec.Value); !ok {
 			return place{}, ErrMalformed
 		}
-		recRev = rec.ModRevision
+		u.recRev = rec.ModRevision
 	}
-	t := newTally(l, recRev)
 	var last *mvccpb.KeyValue
 	for _, kv := range kvs {
 		if !r.member(kv.Key) {
 			continue
 		}
 		limit, w, _, ok := ParseSemaphoreValue(kv.Value)
-		if !ok || (!recorded && limit != r.limit) {
+		if !ok || (rec == nil && limit != r.limit) {
 			return place{}, r.accept(kv.Value)
 		}
-		t.add(kv.CreateRevision, w)
+		u.older = append(u.older, olderKey{key: string(kv.Key), rev: kv.CreateRevision, weight: w})
 		last = kv
 	}
+	holds, waiting := u.judge(rev, r.weight)
 	switch {
-	case t.holds(rev, r.weight):
+	case holds:
 		return heldAt(seen), nil
-	case t.all:
-		// The head waiter: any release of an older key, or a raised
-		// limit, may admit us.
-		return place{verdict: blocked, seen: seen, watch: r.blocking, prefix: true}, nil
+	case waiting < NearHead:
+		return place{verdict: blocked, seen: seen, watch: r.blocking, prefix: true, puts: true, ahead: waiting, turn: u}, nil
 	default:
-		// Behind the head: our predecessor's admission, or its leaving,
-		// moves us up.
-		return place{verdict: blocked, seen: seen, watch: string(last.Key), puts: true}, nil
+		return place{verdict: blocked, seen: seen, watch: string(last.Key), puts: true, ahead: waiting}, nil
 	}
 }
 
 // changed returns next if it differs from p in what to watch, and
-// otherwise the unchanged verdict: nothing to do but go on waiting.
+// otherwise the unchanged verdict: nothing to do but go on waiting. A
+// waiter that counts its turn goes on from what next read.
 func changed(p, next place) place {
 	if next.verdict == blocked && next.watch == p.watch && next.prefix == p.prefix && next.puts == p.puts && next.owner == p.owner {
+		if p.turn != nil && next.turn != nil {
+			*p.turn = *next.turn
+		}
 		return place{verdict: unchanged}
 	}
 	return next

@@ -91,7 +91,19 @@ func TestPlaceSemaphore(t *testing.T) {
 	const rev, seen = 20, 25
 	p := func(key string, create int64) *mvccpb.KeyValue { return permit(key, create, 2, 1) }
 	p4 := func(key string, create int64, w int) *mvccpb.KeyValue { return permit(key, create, 4, w) }
-	head := place{verdict: blocked, seen: seen, watch: "l/", prefix: true}
+	// A waiter near the head counts its turn from the prefix's events.
+	near := func(ahead int) place {
+		return place{verdict: blocked, seen: seen, watch: "l/", prefix: true, puts: true, ahead: ahead}
+	}
+	head := near(0)
+	// queue returns the keys of 2 holders and n waiters of limit 2.
+	queue := func(n int) []*mvccpb.KeyValue {
+		var kvs []*mvccpb.KeyValue
+		for i := range 2 + n {
+			kvs = append(kvs, p(fmt.Sprintf("l/k%02d", i), int64(1+i)))
+		}
+		return kvs
+	}
 	for _, tc := range []struct {
 		name        string
 		rule        string
@@ -104,8 +116,10 @@ func TestPlaceSemaphore(t *testing.T) {
 		{"no older key", "sem2", keys(), keys(), nil, heldAt(seen), nil},
 		{"one older: a permit is free", "sem2", keys(p("l/b", 7)), keys(), nil, heldAt(seen), nil},
 		{"two older: the head waiter watches every key", "sem2", keys(p("l/b", 7), p("l/c", 8)), keys(), nil, head, nil},
-		{"three older: behind the head, watch the predecessor's admission", "sem2", keys(p("l/b", 7), p("l/c", 8), p("l/d", 9)), keys(), nil,
-			place{verdict: blocked, seen: seen, watch: "l/d", puts: true}, nil},
+		{"three older: one waits ahead, near the head", "sem2", keys(p("l/b", 7), p("l/c", 8), p("l/d", 9)), keys(), nil, near(1), nil},
+		{"7 wait ahead: near the head", "sem2", queue(7), keys(), nil, near(7), nil},
+		{"8 wait ahead: watch the predecessor's admission", "sem2", queue(8), keys(), nil,
+			place{verdict: blocked, seen: seen, watch: "l/k09", puts: true, ahead: 8}, nil},
 		{"a key behind ours", "sem2", keys(p("l/b", 7)), keys(kv("l/e", 22)), nil, place{verdict: held, seen: seen, next: true}, nil},
 		{"nested keys do not count", "sem2", keys(p("l/b", 7), kv("l/x/c", 8), kv("l/x/d", 9)), keys(), nil, heldAt(seen), nil},
 		{"another limit", "sem2", keys(permit("l/b", 7, 3, 1)), keys(), nil, place{}, errLimit},
@@ -115,8 +129,7 @@ func TestPlaceSemaphore(t *testing.T) {
 		// Weights: 3 of 4 permits for our key.
 		{"weight 3: one permit held, 3 fit", "sem4w3", keys(p4("l/b", 7, 1)), keys(), nil, heldAt(seen), nil},
 		{"weight 3: two held, the head", "sem4w3", keys(p4("l/b", 7, 1), p4("l/c", 8, 1)), keys(), nil, head, nil},
-		{"weight 3 behind a waiting weight 4: FIFO, behind the head", "sem4w3", keys(p4("l/b", 7, 1), p4("l/c", 8, 4)), keys(), nil,
-			place{verdict: blocked, seen: seen, watch: "l/c", puts: true}, nil},
+		{"weight 3 behind a waiting weight 4: FIFO, behind the head", "sem4w3", keys(p4("l/b", 7, 1), p4("l/c", 8, 4)), keys(), nil, near(1), nil},
 		{"a weight above the limit counts as the limit: it held alone", "sem4w3", keys(p4("l/b", 7, 9)), keys(), nil, head, nil},
 
 		// A limit record rules, whatever the keys say.
@@ -124,13 +137,19 @@ func TestPlaceSemaphore(t *testing.T) {
 		{"record lowers 2 to 1: the head", "sem2", keys(p("l/b", 7)), keys(), record(Limit{N: 1, Keep: 7}), head, nil},
 		{"record with other limits in the keys: no mismatch", "sem2", keys(permit("l/b", 7, 5, 1)), keys(), record(Limit{N: 2}), heldAt(seen), nil},
 		{"kept keys above a lowered limit hold: new ones wait at the head", "sem2", keys(p("l/b", 7), p("l/c", 8)), keys(), record(Limit{N: 1, Keep: 8}), head, nil},
-		{"kept keys: behind a waiter", "sem2", keys(p("l/b", 7), p("l/c", 8), p("l/d", 9)), keys(), record(Limit{N: 1, Keep: 8}),
-			place{verdict: blocked, seen: seen, watch: "l/d", puts: true}, nil},
+		{"kept keys: behind a waiter", "sem2", keys(p("l/b", 7), p("l/c", 8), p("l/d", 9)), keys(), record(Limit{N: 1, Keep: 8}), near(1), nil},
 		{"our key kept", "sem2", keys(p("l/b", 7), p("l/c", 8)), keys(), record(Limit{N: 1, Keep: rev}), heldAt(seen), nil},
 		{"a malformed record", "sem2", keys(), keys(), keys(&mvccpb.KeyValue{Key: []byte(LimitKey("l")), Value: []byte("limit=x")}), place{}, ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := rules()[tc.rule].placeOlder(ranges(tc.oldestFirst, tc.behind, tc.rec), rev, seen, false)
+			if (got.turn != nil) != (got.prefix && got.verdict == blocked) {
+				t.Errorf("placeOlder = %+v: a turn only near the head", got)
+			}
+			if got.turn != nil && (got.turn.seen != seen || got.turn.next != got.next) {
+				t.Errorf("placeOlder's turn = %+v; want seen %d, next %v", *got.turn, seen, got.next)
+			}
+			got.turn = nil
 			if !errors.Is(err, tc.err) || got != tc.want {
 				t.Errorf("placeOlder = %+v, %v; want %+v, %v", got, err, tc.want, tc.err)
 			}
@@ -240,7 +259,7 @@ func TestPlaceFirst(t *testing.T) {
 		{"the oldest is a member: blocked by it", "mutex", keys(kv("l/b", 7)), place{verdict: blocked, seen: seen, watch: "l/b"}},
 		{"the oldest is nested: unread", "mutex", keys(kv("l/x/b", 7)), place{}},
 		{"semaphore: one of two", "sem2", keys(permit("l/b", 7, 2, 1)), heldAt(seen)},
-		{"semaphore: full", "sem2", keys(permit("l/b", 7, 2, 1), permit("l/c", 8, 2, 1)), place{verdict: blocked, seen: seen, watch: "l/", prefix: true}},
+		{"semaphore: full", "sem2", keys(permit("l/b", 7, 2, 1), permit("l/c", 8, 2, 1)), place{verdict: blocked, seen: seen, watch: "l/", prefix: true, puts: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			replies := ranges(tc.kvs)
@@ -248,6 +267,7 @@ func TestPlaceFirst(t *testing.T) {
 				replies = ranges(tc.kvs, keys()) // and no limit record
 			}
 			got, err := rules()[tc.rule].placeFirst(replies, seen)
+			got.turn = nil
 			if err != nil || got != tc.want {
 				t.Errorf("placeFirst = %+v, %v; want %+v", got, err, tc.want)
 			}

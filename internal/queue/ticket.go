@@ -130,11 +130,14 @@ func (c *Conn) fenceMoved(reply *pb.ResponseOp, rev int64) (bool, error) {
 // What the ticket knows of its keys in etcd (state and rev) decides which
 // keys, if any, a delete removes, and how.
 type Ticket struct {
-	c      *Conn
-	rule   *Rule
-	key    string
-	value  string
-	*known // shared by every ticket of a group: one state, one revision
+	c     *Conn
+	rule  *Rule
+	key   string
+	value string
+	// chained: a semaphore's key that a waiter behind it may watch (it
+	// waited NearHead-1 or more keys back): it owes a promote once admitted.
+	chained bool
+	*known  // shared by every ticket of a group: one state, one revision
 }
 
 // known is what one acquisition knows of its keys in etcd, kept once: a
@@ -291,6 +294,13 @@ func (t *Ticket) enter(ctx context.Context, budget *waitBudget) error {
 	if wait == TryOnly {
 		return ErrBusy
 	}
+	for i, m := range t.group {
+		// A waiter behind ours watches ours only if it found more than
+		// NearHead-1 keys waiting ahead of it, ours one of them; keys
+		// only leave, so ours had as many ahead when it was put, or when
+		// the read that placed it ran, if a later one.
+		m.chained = ps[i].verdict == blocked && (ps[i].ahead >= NearHead-1 || ps[i].seen != m.rev)
+	}
 	// One queue after the other: once a queue holds our key, it holds it
 	// until the key goes, for only older keys block it, and they only ever
 	// go.
@@ -307,7 +317,7 @@ func (t *Ticket) enter(ctx context.Context, budget *waitBudget) error {
 			return err
 		case p.verdict == gone:
 			return ErrKeyGone
-		case p.next:
+		case p.next && m.chained:
 			if err := m.promote(ctx); err != nil {
 				return err
 			}

@@ -25,8 +25,8 @@ const ownWatchDelay = 100 * time.Millisecond
 //
 // D8: once the wait has lasted ownWatchDelay, it also watches our own key,
 // from its creation: a delete (a revoked lease, or by hand) ends the wait at
-// once, rather than when the holder leaves. A semaphore's head waiter also
-// watches the limit record then (limit.go).
+// once, rather than when the holder leaves. A semaphore's waiter near the
+// head needs no such watch: its watch of the prefix sees our key go.
 //
 // A watch event can be lost (etcd #17529, #18089, #19179, #20221): it reads
 // again at least once per TTL, and after any watch error, so that a lost
@@ -43,45 +43,15 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 	for p.verdict == blocked {
 		bctx, stop := context.WithCancel(wctx)
 		wch := t.watch(bctx, p)
-		// The head of a semaphore's queue: a raised limit admits it too.
-		// Its record is watched once the wait has lasted ownWatchDelay
-		// (most waits under contention end sooner, and cost no second
-		// watch), from the read, so that a change in between counts.
-		var limit clientv3.WatchChan
-		limitBroken := false
-		limitTimer := time.NewTimer(ownWatchDelay)
-		limitAfter := limitTimer.C
-		if !p.prefix {
-			limitTimer.Stop()
-			limitAfter = nil
-		}
 		next := place{verdict: unchanged}
 		var err error
 		for next.verdict == unchanged && err == nil {
 			select {
 			case wr, ok := <-wch:
-				next, err = t.woken(ctx, p, wr, ok)
-			case <-limitAfter:
-				limitAfter = nil
-				opts := []clientv3.OpOption{clientv3.WithRev(p.seen + 1)}
-				if limitBroken {
-					// From now: the history since the read may be gone.
-					opts = []clientv3.OpOption{clientv3.WithCreatedNotify()}
-				}
-				limit = t.c.Watcher.Watch(bctx, t.rule.limitKey, opts...)
-			case wr, ok := <-limit:
-				switch {
-				case !ok || wr.Err() != nil || wr.Canceled:
-					// Compacted, or failed: open it again after a pause,
-					// from now, and read once it is open.
-					limit, limitBroken = nil, true
-					if bctx.Err() == nil {
-						limitTimer.Reset(ownWatchDelay)
-						limitAfter = limitTimer.C
-					}
-				case wr.Created || len(After(wr.Events, p.seen)) > 0:
-					next, err = t.read(ctx)
-					next = changed(p, next)
+				if p.turn != nil {
+					next, err = t.counted(ctx, p, wr, ok)
+				} else {
+					next, err = t.woken(ctx, p, wr, ok)
 				}
 			case wr, ok := <-own:
 				if !ok {
@@ -90,7 +60,9 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 				}
 				next, err = t.ownGone(ctx, wr)
 			case <-ownTimer.C:
-				own = t.c.Watcher.Watch(wctx, t.key, clientv3.WithRev(t.rev+1), clientv3.WithFilterPut())
+				if p.turn == nil {
+					own = t.c.Watcher.Watch(wctx, t.key, clientv3.WithRev(t.rev+1), clientv3.WithFilterPut())
+				}
 			case <-safety.C:
 				next, err = t.read(ctx)
 				next = changed(p, next)
@@ -99,7 +71,6 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 			}
 		}
 		stop()
-		limitTimer.Stop()
 		if err != nil && ctx.Err() != nil {
 			return p, ErrBusy
 		}
