@@ -53,6 +53,7 @@ var oncallCalls = []oncallCall{
 	{"set-limit", callSetLimit, txnFaults, (*oncallCase).setLimit},
 	{"set-limit-read", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).setLimit},
 	{"limit-touch", callWatch, []fault{faultLagging, faultEvent}, (*oncallCase).limitTouch},
+	{"early-watch", callWatch, []fault{faultLagging, faultEvent}, (*oncallCase).earlyWatch},
 }
 
 // oncallCap is the cap of the capped holds of the cases.
@@ -515,6 +516,49 @@ func (oc *oncallCase) limitTouch() {
 	}
 	release(t, p)
 	release(t, holder)
+}
+
+// earlyWatch: a Semaphore whose last acquisition waited near the head opens
+// its next wait's watch before it enqueues; that watch served by a member
+// that lags (it delivers the first wait's events again) or losing its first
+// events: the waiter is not admitted while the holder fills the limit, and
+// is admitted once it leaves, at once or at its read per TTL.
+func (oc *oncallCase) earlyWatch() {
+	t := oc.t
+	ctx := testContext(t)
+	oc.sm.lagFrom[callWatch] = revision(t, oc.healthy) + 1
+	other := etcdlock.NewSemaphore(newSession(t, oc.healthy), oc.name, 1)
+	holder, err := other.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	sem := etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(matrixTTL)), oc.name, 1)
+	first := acquireInGoroutine(ctx, sem) // waits near the head: no fault yet
+	eventually(t, "the first wait", func() bool { return len(lockKeys(t, oc.healthy, oc.name)) == 2 })
+	release(t, holder)
+	release(t, admitted(t, first))
+	if holder, err = other.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	oc.sm.enter(phaseHold, nil)
+	waiter := acquireInGoroutine(ctx, sem)
+	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
+	if !waiting(waiter, 300*time.Millisecond) {
+		t.Fatal("the waiter got in at limit 1, under a holder")
+	}
+	start := time.Now()
+	release(t, holder)
+	p := admitted(t, waiter)
+	bound := doneBound
+	if oc.sm.fault == faultEvent {
+		bound = 2 * (matrixTTL + time.Second) // the read per TTL
+	}
+	checkBound(t, "the waiter admitted after the holder left", time.Since(start), bound)
+	if err := etcdlock.CheckFence(ctx, oc.healthy, p.Fence()); err != nil {
+		t.Fatalf("the admitted waiter in etcd: %v", err)
+	}
+	release(t, p)
 }
 
 // checkFencePermit: CheckFence of a Semaphore's permit reads its queue and

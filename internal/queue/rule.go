@@ -39,6 +39,9 @@ type Rule struct {
 	accept func(value []byte) error
 	// busy: the last try with this rule found the queue blocked.
 	busy atomic.Bool
+	// nearHead: the last enqueue with this rule (a semaphore's) waited near
+	// the head, counting its turn: the next one opens its watch first.
+	nearHead atomic.Bool
 }
 
 // Lock returns the rule of a lock whose keys lie directly under each of

@@ -277,10 +277,16 @@ func (t *Ticket) enter(ctx context.Context, budget *waitBudget) error {
 	wait := budget.wait
 	var ps []place
 	var err error
+	var early *watching
 	if wait == TryOnly {
 		ps, err = t.try(ctx)
 	} else {
+		early = t.watchEarly(ctx)
+		defer early.stop()
 		ps, err = t.enqueue(ctx)
+		if err == nil && t.rule.limit > 0 {
+			t.rule.nearHead.Store(ps[0].turn != nil)
+		}
 	}
 	switch {
 	case err != nil:
@@ -310,7 +316,7 @@ func (t *Ticket) enter(ctx context.Context, budget *waitBudget) error {
 		}
 		// The place came from the acquire Txn: nobody was behind us.
 		wctx, cancel := budget.context(ctx)
-		p, err := m.wait(wctx, ps[i])
+		p, err := m.wait(wctx, ps[i], early)
 		cancel()
 		switch {
 		case err != nil:

@@ -31,7 +31,7 @@ const ownWatchDelay = 100 * time.Millisecond
 // A watch event can be lost (etcd #17529, #18089, #19179, #20221): it reads
 // again at least once per TTL, and after any watch error, so that a lost
 // event costs at most one TTL.
-func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
+func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var own clientv3.WatchChan
@@ -41,8 +41,8 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 	defer safety.Stop()
 
 	for p.verdict == blocked {
-		bctx, stop := context.WithCancel(wctx)
-		wch := t.watch(bctx, p)
+		wch, stop := t.open(wctx, p, early)
+		early = nil
 		next := place{verdict: unchanged}
 		var err error
 		for next.verdict == unchanged && err == nil {
@@ -80,6 +80,44 @@ func (t *Ticket) wait(ctx context.Context, p place) (place, error) {
 		p = next
 	}
 	return p, nil
+}
+
+// A watching is a watch, and what stops it.
+type watching struct {
+	ch     clientv3.WatchChan
+	cancel context.CancelFunc
+}
+
+// watchEarly opens, before a semaphore's enqueue, the watch that a wait near
+// the head will need, when the last enqueue with the rule waited there: a
+// watch created before our key was put brings every event after it, so the
+// wait needs no read for what came between the enqueue and the watch (D4).
+// Nil otherwise; a nil watching's stop does nothing.
+func (t *Ticket) watchEarly(ctx context.Context) *watching {
+	if len(t.group) > 1 || !t.rule.nearHead.Load() {
+		return nil
+	}
+	wctx, stop := context.WithCancel(ctx)
+	return &watching{ch: t.c.Watcher.Watch(wctx, t.rule.blocking, clientv3.WithPrefix(), clientv3.WithCreatedNotify()), cancel: stop}
+}
+
+// stop stops the watch, if there is one.
+func (w *watching) stop() {
+	if w != nil {
+		w.cancel()
+	}
+}
+
+// open returns the watch of a wait from p, and what stops it: early, the
+// watch opened before the enqueue, if there is one and p counts its turn
+// (stopping either stops it); else a new one, and early is stopped.
+func (t *Ticket) open(ctx context.Context, p place, early *watching) (clientv3.WatchChan, context.CancelFunc) {
+	if early != nil && p.turn != nil {
+		return early.ch, early.cancel
+	}
+	early.stop()
+	wctx, stop := context.WithCancel(ctx)
+	return t.watch(wctx, p), stop
 }
 
 // watch opens the watch of a wait from p: of the key to watch; or, when it
