@@ -4,15 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -227,6 +231,64 @@ func TestSemaphoreNoHerd(t *testing.T) {
 	if wakes > 3*int64(releases) {
 		t.Errorf("watch events per release: got %d for %d releases, want at most 3 each (a herd gives ~%d)", wakes, releases, waiters)
 	}
+}
+
+// TestSemaphoreNearHeadNoTxn: waiters near the head count their turn from
+// the queue's events: as the holders leave one at a time and each waiter is
+// admitted in turn, the waiters send no Txn but their releases' deletes (no
+// read of their place, no wake-up write).
+func TestSemaphoreNearHeadNoTxn(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	const limit, waiters = 2, queue.NearHead - 2
+	var txns txnKinds
+	wc := serverClient(t, srv, txns.intercept, nil)
+	var held []*etcdlock.Permit
+	for range limit {
+		held = append(held, admitted(t, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client), name, limit))))
+	}
+	var queued []<-chan permitResult
+	for i := range waiters {
+		// A TTL of a minute: no safety re-read in the test's time.
+		queued = append(queued, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, wc, etcdlock.WithTTL(time.Minute)), name, limit)))
+		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == limit+i+1 })
+	}
+	time.Sleep(ownWait) // every waiter's watch is open
+	reads, puts := txns.reads.Load(), txns.puts.Load()
+	for _, ch := range queued {
+		release(t, held[0])
+		held = append(held[1:], admitted(t, ch))
+	}
+	if r, p := txns.reads.Load()-reads, txns.puts.Load()-puts; r != 0 || p != 0 {
+		t.Errorf("%d admissions near the head: the waiters sent %d reads and %d puts, want none", waiters, r, p)
+	}
+	for _, p := range held {
+		release(t, p)
+	}
+}
+
+// txnKinds counts the Txns a client sends: those that may put, those that
+// may delete, and the others, reads.
+type txnKinds struct {
+	reads, puts, deletes atomic.Int64
+}
+
+func (c *txnKinds) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if txn, ok := req.(*pb.TxnRequest); ok {
+		kind := &c.reads
+		for _, op := range append(slices.Clone(txn.Success), txn.Failure...) {
+			switch {
+			case op.GetRequestPut() != nil:
+				kind = &c.puts
+			case op.GetRequestDeleteRange() != nil && kind != &c.puts:
+				kind = &c.deletes
+			}
+		}
+		kind.Add(1)
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // TestSemaphoreLimitMismatch: a holder with another limit, or a Mutex's key
