@@ -15,9 +15,10 @@ import (
 // A Semaphore lets holders of its name hold at most limit permits at once.
 // An acquisition takes one permit (Acquire) or n (AcquireN) in one key, first
 // come first served: a large acquisition at the head of the queue is not
-// overtaken by smaller ones behind it, so it never starves. A release wakes
-// one waiter, and a free permit is never left idle while a waiter it admits
-// waits (docs/design.md §4). Each acquisition is a Permit of its own (not
+// overtaken by smaller ones behind it, so it never starves. A free permit
+// is never left idle while a waiter it admits waits: the waiters nearest the
+// head (up to 8) count their turn from the queue's events, with no read, and
+// one further back is woken by its predecessor (docs/design.md §4). Each acquisition is a Permit of its own (not
 // reentrant), with its own token: a resource must accept any current
 // holder's token.
 //
