@@ -306,3 +306,99 @@ func TestSetLimitChurn(t *testing.T) {
 	}
 	release(t, p)
 }
+
+// TestSetLimitRaiseRaces: a raise is guarded by the record alone, and
+// touches the first waiters of its read; a waiter that queued between its
+// read and its write, or moved near the head then behind a touched waiter
+// admitted meanwhile, is not touched, and learns of the raise through its
+// watch of the record (after 100 ms of waiting). Without that watch, each
+// stayed waiting under a raised limit until its read per TTL (a minute).
+func TestSetLimitRaiseRaces(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	sem := func(name string, limit int) *etcdlock.Semaphore {
+		return etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(time.Minute)), name, limit)
+	}
+	t.Run("a waiter queued between the read and the write", func(t *testing.T) {
+		ctx, name := testContext(t), lockName(t)
+		holder, err := sem(name, 1).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var w <-chan permitResult
+		hc := beforeWrite(ctx, client, func() {
+			w = acquireInGoroutine(ctx, sem(name, 1))
+			eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+		})
+		if err := etcdlock.SetLimit(ctx, hc, name, 2); err != nil {
+			t.Fatalf("SetLimit(2): %v", err)
+		}
+		release(t, admitted(t, w))
+		release(t, holder)
+	})
+	t.Run("the touched waiter admitted before the write", func(t *testing.T) {
+		ctx, name := testContext(t), lockName(t)
+		holder, err := sem(name, 1).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w1 := acquireInGoroutine(ctx, sem(name, 1))
+		eventually(t, "the first waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+		var p1 *etcdlock.Permit
+		var w2 <-chan permitResult
+		hc := beforeWrite(ctx, client, func() {
+			release(t, holder)
+			p1 = admitted(t, w1)
+			w2 = acquireInGoroutine(ctx, sem(name, 1))
+			eventually(t, "the second waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+		})
+		if err := etcdlock.SetLimit(ctx, hc, name, 3); err != nil {
+			t.Fatalf("SetLimit(3): %v", err)
+		}
+		release(t, admitted(t, w2))
+		release(t, p1)
+	})
+}
+
+// beforeWrite returns a client of client's etcd whose second Txn, SetLimit's
+// write, runs before first when it is committed.
+func beforeWrite(ctx context.Context, client *clientv3.Client, before func()) *clientv3.Client {
+	c := clientv3.NewCtxClient(ctx)
+	c.KV = &hookKV{KV: client.KV, at: 2, before: before}
+	c.Watcher = client.Watcher
+	return c
+}
+
+// hookKV runs before as its at-th Txn is committed.
+type hookKV struct {
+	clientv3.KV
+	mu     sync.Mutex
+	n, at  int
+	before func()
+}
+
+func (k *hookKV) Txn(ctx context.Context) clientv3.Txn {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.n++
+	var f func()
+	if k.n == k.at {
+		f = k.before
+	}
+	return hookTxn{k.KV.Txn(ctx), f}
+}
+
+type hookTxn struct {
+	clientv3.Txn
+	before func()
+}
+
+func (t hookTxn) If(c ...clientv3.Cmp) clientv3.Txn  { return hookTxn{t.Txn.If(c...), t.before} }
+func (t hookTxn) Then(o ...clientv3.Op) clientv3.Txn { return hookTxn{t.Txn.Then(o...), t.before} }
+func (t hookTxn) Else(o ...clientv3.Op) clientv3.Txn { return hookTxn{t.Txn.Else(o...), t.before} }
+func (t hookTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.before != nil {
+		t.before()
+	}
+	return t.Txn.Commit()
+}

@@ -54,6 +54,7 @@ var oncallCalls = []oncallCall{
 	{"set-limit-read", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).setLimit},
 	{"limit-touch", callWatch, []fault{faultLagging, faultEvent}, (*oncallCase).limitTouch},
 	{"early-watch", callWatch, []fault{faultLagging, faultEvent}, (*oncallCase).earlyWatch},
+	{"limit-watch", callLimitWatch, []fault{faultLagging, faultEvent}, (*oncallCase).limitWatch},
 }
 
 // oncallCap is the cap of the capped holds of the cases.
@@ -67,7 +68,7 @@ func TestOnCallFaultMatrix(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%s", c.name, f), func(t *testing.T) {
 				t.Parallel()
 				oc := &oncallCase{t: t, srv: srv, healthy: healthy, name: lockName(t), sm: newSeam(c.seamAt, f, 1)}
-				oc.sm.lagFrom = map[call]int64{callOwnWatch: 1, callWatch: 1}
+				oc.sm.lagFrom = map[call]int64{callOwnWatch: 1, callWatch: 1, callLimitWatch: 1}
 				t.Cleanup(oc.sm.late.Wait)
 				c.run(oc)
 			})
@@ -503,6 +504,46 @@ func (oc *oncallCase) limitTouch() {
 	}
 	start := time.Now()
 	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 2); err != nil {
+		t.Fatal(err)
+	}
+	p := admitted(t, waiter)
+	bound := doneBound
+	if oc.sm.fault == faultEvent {
+		bound = 2 * (matrixTTL + time.Second) // the read per TTL
+	}
+	checkBound(t, "the waiter admitted after the raise", time.Since(start), bound)
+	if err := etcdlock.CheckFence(ctx, oc.healthy, p.Fence()); err != nil {
+		t.Fatalf("the admitted waiter in etcd: %v", err)
+	}
+	release(t, p)
+	release(t, holder)
+}
+
+// limitWatch: the watch of the limit record by a Semaphore's waiter near the
+// head, which catches a raise whose touch missed it, served by a member that
+// lags (it delivers the record's older write) or losing its first events: the
+// waiter is not admitted by the old write, and is admitted by the raise, at
+// once or at its read per TTL. The raise is written by hand, as SetLimit
+// writes it but with no touch: only the record's watch can tell the waiter.
+func (oc *oncallCase) limitWatch() {
+	t := oc.t
+	ctx := testContext(t)
+	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 1); err != nil { // an older write the lagging watch replays
+		t.Fatal(err)
+	}
+	holder, err := etcdlock.NewSemaphore(newSession(t, oc.healthy), oc.name, 1).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	oc.sm.enter(phaseHold, nil)
+	waiter := acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(matrixTTL)), oc.name, 1))
+	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
+	if !waiting(waiter, 300*time.Millisecond) {
+		t.Fatal("the waiter got in at limit 1, under a holder")
+	}
+	start := time.Now()
+	if _, err := oc.healthy.Put(ctx, queue.LimitKey(oc.name), queue.Limit{N: 2}.Value()); err != nil {
 		t.Fatal(err)
 	}
 	p := admitted(t, waiter)

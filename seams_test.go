@@ -25,30 +25,31 @@ import (
 type call string
 
 const (
-	callGrant      call = "grant"      // the grant of a lease: Lead's Session's, or a renewing Session's next
-	callEnqueue    call = "enqueue"    // the Txn that puts our key and reads its place
-	callRequeue    call = "requeue"    // the enqueue after our key was deleted while we waited
-	callTry        call = "try"        // a try's Txn that puts our key only if nothing blocks it
-	callTryRead    call = "try-read"   // a try's read-only Txn, after a try found the queue blocked
-	callRead       call = "read"       // the read of our place, guarded by our key
-	callCheck      call = "check"      // the post-watch check: is the key we watch still there
-	callPromote    call = "promote"    // a semaphore's wake-up write to the key behind ours
-	callCleanup    call = "cleanup"    // the delete of a failed acquisition's key
-	callRelease    call = "release"    // the release's fenced delete
-	callBackground call = "background" // a background retry of a delete
-	callWatch      call = "watch"      // the wait's watch of what blocks us
-	callOwnWatch   call = "own-watch"  // the wait's watch of our own key
-	callLossWatch  call = "loss-watch" // the loss watch's watch of held keys: a key, or a prefix of them
-	callLossRead   call = "loss-read"  // the loss watch's read of held keys: a Txn of single-key reads, keys only
-	callKeepAlive  call = "keepalive"  // the lease's keep-alive
-	callHistory    call = "history"    // a read at a past revision: lock-delay's read of the queue as our key found it
-	callLeaseTTL   call = "lease-ttl"  // a lease's time to live: lock-delay's question, whether a lease ahead is gone
-	callQueueRead  call = "queue-read" // a read of a lock's queue at the current revision: CheckFence's, a hand-over's; with a Semaphore's limit record: SetLimit's, ReadLimit's
-	callSetLimit   call = "set-limit"  // SetLimit's write of the limit record, guarded by the holders read
-	callTermRead   call = "term-read"  // a new leader's read of the hand-over record and the term count, guarded by its key
-	callTerm       call = "term"       // its put of the term count (and delete of the record), guarded by its key and the count's version
-	callAside      call = "aside"      // its check that the candidate handed over to is still queued: compares only
-	callHandOver   call = "handover"   // a leader's put of the hand-over record, guarded by its key and the candidate's
+	callGrant      call = "grant"       // the grant of a lease: Lead's Session's, or a renewing Session's next
+	callEnqueue    call = "enqueue"     // the Txn that puts our key and reads its place
+	callRequeue    call = "requeue"     // the enqueue after our key was deleted while we waited
+	callTry        call = "try"         // a try's Txn that puts our key only if nothing blocks it
+	callTryRead    call = "try-read"    // a try's read-only Txn, after a try found the queue blocked
+	callRead       call = "read"        // the read of our place, guarded by our key
+	callCheck      call = "check"       // the post-watch check: is the key we watch still there
+	callPromote    call = "promote"     // a semaphore's wake-up write to the key behind ours
+	callCleanup    call = "cleanup"     // the delete of a failed acquisition's key
+	callRelease    call = "release"     // the release's fenced delete
+	callBackground call = "background"  // a background retry of a delete
+	callWatch      call = "watch"       // the wait's watch of what blocks us
+	callOwnWatch   call = "own-watch"   // the wait's watch of our own key
+	callLossWatch  call = "loss-watch"  // the loss watch's watch of held keys: a key, or a prefix of them
+	callLossRead   call = "loss-read"   // the loss watch's read of held keys: a Txn of single-key reads, keys only
+	callKeepAlive  call = "keepalive"   // the lease's keep-alive
+	callHistory    call = "history"     // a read at a past revision: lock-delay's read of the queue as our key found it
+	callLeaseTTL   call = "lease-ttl"   // a lease's time to live: lock-delay's question, whether a lease ahead is gone
+	callQueueRead  call = "queue-read"  // a read of a lock's queue at the current revision: CheckFence's, a hand-over's; with a Semaphore's limit record: SetLimit's, ReadLimit's
+	callSetLimit   call = "set-limit"   // SetLimit's write of the limit record, guarded by the holders read
+	callLimitWatch call = "limit-watch" // a Semaphore's waiter's watch of the limit record, near the head
+	callTermRead   call = "term-read"   // a new leader's read of the hand-over record and the term count, guarded by its key
+	callTerm       call = "term"        // its put of the term count (and delete of the record), guarded by its key and the count's version
+	callAside      call = "aside"       // its check that the candidate handed over to is still queued: compares only
+	callHandOver   call = "handover"    // a leader's put of the hand-over record, guarded by its key and the candidate's
 )
 
 // A fault is what the matrix does to one call.
@@ -437,6 +438,8 @@ func (w *seamWatch) SendMsg(m any) error {
 	}
 	c := callOwnWatch
 	switch {
+	case strings.HasPrefix(string(cr.Key), limitRecordPrefix):
+		c = callLimitWatch
 	case w.s.holder != nil && !w.s.inSetup() && w.s.holder(string(cr.Key), lossRange(cr)):
 		c = callLossWatch
 	}

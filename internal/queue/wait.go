@@ -26,7 +26,8 @@ const ownWatchDelay = 100 * time.Millisecond
 // D8: once the wait has lasted ownWatchDelay, it also watches our own key,
 // from its creation: a delete (a revoked lease, or by hand) ends the wait at
 // once, rather than when the holder leaves. A semaphore's waiter near the
-// head needs no such watch: its watch of the prefix sees our key go.
+// head needs no such watch: its watch of the prefix sees our key go; it
+// watches the limit record instead.
 //
 // A watch event can be lost (etcd #17529, #18089, #19179, #20221): it reads
 // again at least once per TTL, and after any watch error, so that a lost
@@ -43,6 +44,20 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 	for p.verdict == blocked {
 		wch, stop := t.open(wctx, p, early)
 		early = nil
+		// A waiter that counts its turn also watches the limit record once
+		// the wait has lasted ownWatchDelay (most waits under contention
+		// end sooner, and cost no second watch), from the read that placed
+		// it: a raise whose touch missed it (it queued, or came near the
+		// head, between SetLimit's read and write) admits it then.
+		rctx, rstop := context.WithCancel(wctx)
+		var record clientv3.WatchChan
+		recordBroken := false
+		recordTimer := time.NewTimer(ownWatchDelay)
+		recordAfter := recordTimer.C
+		if p.turn == nil {
+			recordTimer.Stop()
+			recordAfter = nil
+		}
 		next := place{verdict: unchanged}
 		var err error
 		for next.verdict == unchanged && err == nil {
@@ -52,6 +67,28 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 					next, err = t.counted(ctx, p, wr, ok)
 				} else {
 					next, err = t.woken(ctx, p, wr, ok)
+				}
+			case <-recordAfter:
+				recordAfter = nil
+				opts := []clientv3.OpOption{clientv3.WithRev(p.seen + 1)}
+				if recordBroken {
+					// From now: the history since the read may be gone.
+					opts = []clientv3.OpOption{clientv3.WithCreatedNotify()}
+				}
+				record = t.c.Watcher.Watch(rctx, t.rule.limitKey, opts...)
+			case wr, ok := <-record:
+				switch {
+				case !ok || wr.Err() != nil || wr.Canceled:
+					// Compacted, or failed: open it again after a pause,
+					// from now, and read once it is open.
+					record, recordBroken = nil, true
+					if rctx.Err() == nil {
+						recordTimer.Reset(ownWatchDelay)
+						recordAfter = recordTimer.C
+					}
+				case wr.Created || len(After(wr.Events, p.seen)) > 0:
+					next, err = t.read(ctx)
+					next = changed(p, next)
 				}
 			case wr, ok := <-own:
 				if !ok {
@@ -71,6 +108,8 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 			}
 		}
 		stop()
+		rstop()
+		recordTimer.Stop()
 		if err != nil && ctx.Err() != nil {
 			return p, ErrBusy
 		}
