@@ -524,3 +524,38 @@ func TestFamilyDoneWhenCutOff(t *testing.T) {
 		_ = l.Unlock(testContext(t))
 	})
 }
+
+// TestFamilyWatchCompacted: a waiter whose wait's watch fails at once (served
+// from a compacted revision) reads its place and watches again: it takes
+// the lock once the holder goes, and the error never reaches the caller.
+func TestFamilyWatchCompacted(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	forFamily(t, func(t *testing.T, p member) {
+		ctx, name := testContext(t), lockName(t)
+		holder := p.blocker(newSession(t, client), name)
+		mustLock(t, holder)
+		// Something to compact away: the watch from revision 1 fails.
+		if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Compact(ctx, revision(t, client)); err != nil {
+			t.Fatal(err)
+		}
+		sm := newSeam(callWatch, faultLagging, 1)
+		sm.lagFrom = map[call]int64{callWatch: 1}
+		sm.enter(phaseAcquire, nil)
+		waiter := lockInGoroutine(t, ctx, famLocker{p.open(newSession(t, serverClient(t, srv, sm.unary, sm.stream), etcdlock.WithTTL(time.Minute)), name)})
+		eventually(t, "the failed watch", func() bool { return sm.fires() == 1 })
+		time.Sleep(300 * time.Millisecond)
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitErr(t, waiter.locked); err != nil {
+			t.Fatalf("the waiter whose watch failed: %v", err)
+		}
+		if err := waiter.Release(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

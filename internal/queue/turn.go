@@ -77,7 +77,7 @@ func (u *turn) gone(key string) {
 // place: held once the older keys left fit our key, gone if our key was
 // deleted, else unchanged. It reads the place again where the events do not
 // tell it: the watch created after the read (what came in between is
-// unknown), failed or compacted; a put of our own key (SetLimit's touch: the
+// unknown); a put of our own key (SetLimit's touch: the
 // limit changed) or of an older key that waits (the same touch of a waiter
 // ahead of ours) or that the read did not see.
 //
@@ -93,8 +93,6 @@ func (t *Ticket) counted(ctx context.Context, p place, wr clientv3.WatchResponse
 		return place{}, ctx.Err()
 	case !ok:
 		return place{}, ErrWatchClosed
-	case wr.Err() != nil:
-		stale = true
 	case wr.Created:
 		// Created at or before the read: every event after it comes.
 		stale = wr.Header.Revision > u.seen

@@ -31,7 +31,8 @@ const ownWatchDelay = 100 * time.Millisecond
 //
 // A watch event can be lost (etcd #17529, #18089, #19179, #20221): it reads
 // again at least once per TTL, and after any watch error, so that a lost
-// event costs at most one TTL.
+// event costs at most one TTL. A watch that fails (compacted, or cancelled
+// by etcd) is opened again, after a read and a pause of ownWatchDelay.
 func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -41,7 +42,16 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 	safety := time.NewTicker(t.c.TTL)
 	defer safety.Stop()
 
+	broken := false // the last watch failed
 	for p.verdict == blocked {
+		if broken {
+			select {
+			case <-time.After(ownWatchDelay):
+			case <-ctx.Done():
+				return p, ErrBusy
+			}
+			broken = false
+		}
 		wch, stop := t.open(wctx, p, early)
 		early = nil
 		// A waiter that counts its turn also watches the limit record once
@@ -63,9 +73,15 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 		for next.verdict == unchanged && err == nil {
 			select {
 			case wr, ok := <-wch:
-				if p.turn != nil {
+				switch {
+				case ok && (wr.Err() != nil || wr.Canceled):
+					// Compacted, or cancelled by etcd: the watch ends here.
+					// Read the place, and watch again after a pause.
+					broken = true
+					next, err = t.read(ctx)
+				case p.turn != nil:
 					next, err = t.counted(ctx, p, wr, ok)
-				} else {
+				default:
 					next, err = t.woken(ctx, p, wr, ok)
 				}
 			case <-recordAfter:
@@ -202,7 +218,6 @@ func (t *Ticket) woken(ctx context.Context, p place, wr clientv3.WatchResponse, 
 		return place{}, ctx.Err()
 	case !ok:
 		return place{}, ErrWatchClosed
-	case wr.Err() != nil:
 	case wr.Created && wr.Header.Revision != p.seen && p.watchRev != 0:
 		// A lock's place changes only when the key we watch goes: is it
 		// still there? (A read of one key, where the place's read sorts the
