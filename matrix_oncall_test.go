@@ -479,10 +479,30 @@ func (oc *oncallCase) setLimit() {
 // waiter is not admitted while the holder fills the limit, and is admitted
 // by the raise, at once or at its read per TTL.
 func (oc *oncallCase) limitTouch() {
+	oc.raiseWhileWaiting(func(ctx context.Context) error { return etcdlock.SetLimit(ctx, oc.healthy, oc.name, 2) })
+}
+
+// limitWatch: the watch of the limit record by a Semaphore's waiter near the
+// head, which catches a raise whose touch missed it, served by a member that
+// lags (it delivers the record's older write) or losing its first events: the
+// waiter is not admitted by the old write, and is admitted by the raise, at
+// once or at its read per TTL. The raise is written by hand, as SetLimit
+// writes it but with no touch: only the record's watch can tell the waiter.
+func (oc *oncallCase) limitWatch() {
+	oc.raiseWhileWaiting(func(ctx context.Context) error {
+		_, err := oc.healthy.Put(ctx, queue.LimitKey(oc.name), queue.Limit{N: 2}.Value())
+		return err
+	})
+}
+
+// raiseWhileWaiting queues a waiter on the seam's client behind a holder at
+// limit 1 (recorded, and with an earlier holder's put and delete before),
+// and raises the limit to 2 with raise once the seam's fault fired.
+func (oc *oncallCase) raiseWhileWaiting(raise func(ctx context.Context) error) {
 	t := oc.t
 	ctx := testContext(t)
 	oc.sm.lagFrom[callWatch] = revision(t, oc.healthy) + 1
-	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 1); err != nil {
+	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 1); err != nil { // an older write the lagging watch replays
 		t.Fatal(err)
 	}
 	sem := etcdlock.NewSemaphore(newSession(t, oc.healthy), oc.name, 1)
@@ -498,65 +518,36 @@ func (oc *oncallCase) limitTouch() {
 	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
 	oc.sm.enter(phaseHold, nil)
 	waiter := acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(matrixTTL)), oc.name, 1))
-	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
-	if !waiting(waiter, 300*time.Millisecond) {
-		t.Fatal("the waiter got in at limit 1, under a holder")
-	}
-	start := time.Now()
-	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 2); err != nil {
-		t.Fatal(err)
-	}
-	p := admitted(t, waiter)
-	bound := doneBound
-	if oc.sm.fault == faultEvent {
-		bound = 2 * (matrixTTL + time.Second) // the read per TTL
-	}
-	checkBound(t, "the waiter admitted after the raise", time.Since(start), bound)
-	if err := etcdlock.CheckFence(ctx, oc.healthy, p.Fence()); err != nil {
-		t.Fatalf("the admitted waiter in etcd: %v", err)
-	}
-	release(t, p)
+	oc.admittedAfter(waiter, "the raise", func() {
+		if err := raise(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 	release(t, holder)
 }
 
-// limitWatch: the watch of the limit record by a Semaphore's waiter near the
-// head, which catches a raise whose touch missed it, served by a member that
-// lags (it delivers the record's older write) or losing its first events: the
-// waiter is not admitted by the old write, and is admitted by the raise, at
-// once or at its read per TTL. The raise is written by hand, as SetLimit
-// writes it but with no touch: only the record's watch can tell the waiter.
-func (oc *oncallCase) limitWatch() {
+// admittedAfter checks that the waiter waits while the seam's fault fires,
+// and holds once act has run, at once or, if the fault lost a watch's
+// events, at its read per TTL; then releases it.
+func (oc *oncallCase) admittedAfter(waiter <-chan permitResult, what string, act func()) {
 	t := oc.t
-	ctx := testContext(t)
-	if err := etcdlock.SetLimit(ctx, oc.healthy, oc.name, 1); err != nil { // an older write the lagging watch replays
-		t.Fatal(err)
-	}
-	holder, err := etcdlock.NewSemaphore(newSession(t, oc.healthy), oc.name, 1).Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
-	oc.sm.enter(phaseHold, nil)
-	waiter := acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(matrixTTL)), oc.name, 1))
+	t.Helper()
 	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
 	if !waiting(waiter, 300*time.Millisecond) {
 		t.Fatal("the waiter got in at limit 1, under a holder")
 	}
 	start := time.Now()
-	if _, err := oc.healthy.Put(ctx, queue.LimitKey(oc.name), queue.Limit{N: 2}.Value()); err != nil {
-		t.Fatal(err)
-	}
+	act()
 	p := admitted(t, waiter)
 	bound := doneBound
 	if oc.sm.fault == faultEvent {
 		bound = 2 * (matrixTTL + time.Second) // the read per TTL
 	}
-	checkBound(t, "the waiter admitted after the raise", time.Since(start), bound)
-	if err := etcdlock.CheckFence(ctx, oc.healthy, p.Fence()); err != nil {
+	checkBound(t, "the waiter admitted after "+what, time.Since(start), bound)
+	if err := etcdlock.CheckFence(testContext(t), oc.healthy, p.Fence()); err != nil {
 		t.Fatalf("the admitted waiter in etcd: %v", err)
 	}
 	release(t, p)
-	release(t, holder)
 }
 
 // earlyWatch: a Semaphore whose last acquisition waited near the head opens
@@ -584,22 +575,7 @@ func (oc *oncallCase) earlyWatch() {
 	}
 	oc.sm.enter(phaseHold, nil)
 	waiter := acquireInGoroutine(ctx, sem)
-	eventually(t, "the fault", func() bool { return oc.sm.fires() == 1 })
-	if !waiting(waiter, 300*time.Millisecond) {
-		t.Fatal("the waiter got in at limit 1, under a holder")
-	}
-	start := time.Now()
-	release(t, holder)
-	p := admitted(t, waiter)
-	bound := doneBound
-	if oc.sm.fault == faultEvent {
-		bound = 2 * (matrixTTL + time.Second) // the read per TTL
-	}
-	checkBound(t, "the waiter admitted after the holder left", time.Since(start), bound)
-	if err := etcdlock.CheckFence(ctx, oc.healthy, p.Fence()); err != nil {
-		t.Fatalf("the admitted waiter in etcd: %v", err)
-	}
-	release(t, p)
+	oc.admittedAfter(waiter, "the holder left", func() { release(t, holder) })
 }
 
 // checkFencePermit: CheckFence of a Semaphore's permit reads its queue and
