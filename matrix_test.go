@@ -427,7 +427,11 @@ func (mc *matrixCase) run(srv *etcdtest.Server, healthy *clientv3.Client) {
 	}
 	if !held {
 		mc.sm.settle()
-		mc.noActorKeys(mc.at == callCleanup || mc.at == callBackground, "after the acquisition returned without the lock (%v)", err)
+		// The cleanup of a failed acquisition is bounded (500 ms), and
+		// retried in the background once the bound runs out, as on a
+		// loaded machine: the keys must go, within a few TTLs.
+		// TestFamilyCancelAfterApply checks that they go at once.
+		mc.noActorKeys(true, "after the acquisition returned without the lock (%v)", err)
 	} else {
 		if !freeAt.IsZero() && acquired.Sub(freeAt) > stranded && !mc.removes() {
 			t.Errorf("the actor held %v after the lock came free: want at most %v", acquired.Sub(freeAt).Round(time.Millisecond), stranded)
