@@ -148,7 +148,7 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 // the requests; and watch-streams, the Watch streams it opened per iteration
 // (clientv3 closes its stream when the last watch on it ends).
 func BenchmarkHeldLocks(b *testing.B) {
-	endpoint := childServer(b)
+	endpoint, _ := childServer(b)
 	for _, n := range benchHeldCounts(b) {
 		b.Run(fmt.Sprintf("locks=%d", n), func(b *testing.B) {
 			for _, kind := range benchHoldKinds {

@@ -14,6 +14,11 @@ package etcdlock_test
 //	cpu-us/op     CPU time of the whole process (user and system, every thread:
 //	              etcd's server and all the clients together), in microseconds
 //	cpu-cores     the same CPU time over the wall time of the run: 2 is both cores busy
+//	              (with etcd in a child process: the clients' process only)
+//	etcd-cpu-us/op, etcd-cores
+//	              with etcd in a child process, the same for etcd's process
+//	etcd-rss-MB   with etcd in a child process, its resident memory when the clock starts
+//	etcd-peak-MB  its most resident memory during the run (VmHWM, reset at the start)
 //	acq/s         acquisitions per second, all holders together
 //	handoff-p50-ms, handoff-p90-ms, handoff-p99-ms, handoff-max-ms
 //	              from the moment a holder starts its unlock to the moment the next
@@ -21,8 +26,8 @@ package etcdlock_test
 //	max-keys      most keys under the lock's prefix at any one time, replayed
 //	              from etcd's history after the run
 //
-// How cost grows with waiters and with held locks is in bench_waiting_test.go
-// and bench_held_test.go.
+// How cost grows with waiters and with held locks is in bench_waiting_test.go,
+// bench_scale_test.go and bench_held_test.go.
 
 import (
 	"context"
@@ -54,6 +59,12 @@ const benchTimeout = 2 * time.Minute
 type benchServer struct {
 	endpoints []string
 	plain     *clientv3.Client // not counted: revisions, key watches, other holders
+	// child is the process id of etcd when it runs in a child process
+	// (childServer), whose CPU time and memory the meters then read; 0 when
+	// etcd is embedded.
+	child int
+	// timeout bounds benchContend, queueing included; 0: benchTimeout.
+	timeout time.Duration
 
 	unary   atomic.Int64
 	txns    atomic.Int64 // of which Txns
@@ -174,11 +185,24 @@ type benchSnapshot struct {
 	cpu            time.Duration // CPU time of the whole process; valid if cpuOK
 	cpuOK          bool
 	unary, watches int64
+	etcd           benchProc // etcd's process, when it runs in a child
 }
 
 func (e *benchServer) counts() benchSnapshot {
 	cpu, ok := benchCPU()
-	return benchSnapshot{at: time.Now(), cpu: cpu, cpuOK: ok, unary: e.unary.Load(), watches: e.watches.Load()}
+	s := benchSnapshot{at: time.Now(), cpu: cpu, cpuOK: ok, unary: e.unary.Load(), watches: e.watches.Load()}
+	if e.child != 0 {
+		s.etcd = benchReadProc(e.child)
+	}
+	return s
+}
+
+// callTimeout returns what bounds benchContend.
+func (e *benchServer) callTimeout() time.Duration {
+	if e.timeout > 0 {
+		return e.timeout
+	}
+	return benchTimeout
 }
 
 // A benchMeter counts etcd writes, RPCs, watches and CPU time from its start
@@ -192,6 +216,9 @@ type benchMeter struct {
 func (e *benchServer) startMeter(b *testing.B) *benchMeter {
 	b.Helper()
 	m := &benchMeter{e: e, rev: e.revision(b)}
+	if e.child != 0 {
+		benchResetPeak(e.child)
+	}
 	m.start = e.counts()
 	return m
 }
@@ -206,17 +233,27 @@ func (m *benchMeter) report(b *testing.B, ops int) {
 }
 
 // reportUntil reports what report does, but writes/op, from the start to
-// end.
+// end; with etcd in a child process, also etcd's own CPU time and memory.
 func (m *benchMeter) reportUntil(b *testing.B, ops int, end benchSnapshot) {
 	b.Helper()
 	b.ReportMetric(float64(end.unary-m.start.unary)/float64(ops), "rpcs/op")
 	b.ReportMetric(float64(end.watches-m.start.watches)/float64(ops), "watches/op")
+	wall := end.at.Sub(m.start.at)
 	if m.start.cpuOK && end.cpuOK {
 		cpu := end.cpu - m.start.cpu
 		b.ReportMetric(float64(cpu.Microseconds())/float64(ops), "cpu-us/op")
-		if wall := end.at.Sub(m.start.at); wall > 0 {
+		if wall > 0 {
 			b.ReportMetric(cpu.Seconds()/wall.Seconds(), "cpu-cores")
 		}
+	}
+	if m.start.etcd.ok && end.etcd.ok {
+		cpu := end.etcd.cpu - m.start.etcd.cpu
+		b.ReportMetric(float64(cpu.Microseconds())/float64(ops), "etcd-cpu-us/op")
+		if wall > 0 {
+			b.ReportMetric(cpu.Seconds()/wall.Seconds(), "etcd-cores")
+		}
+		b.ReportMetric(float64(m.start.etcd.rss)/(1<<20), "etcd-rss-MB")
+		b.ReportMetric(float64(end.etcd.peak)/(1<<20), "etcd-peak-MB")
 	}
 }
 
@@ -607,7 +644,7 @@ const (
 // benchOneLock, the most keys the lock had at once.
 func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLocker, how benchContention) {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), e.callTimeout())
 	defer cancel()
 	// runCtx is the lock calls' context: a failure ends it, and so does the
 	// last acquisition of a queued run.
