@@ -65,6 +65,9 @@ type benchServer struct {
 	child int
 	// timeout bounds benchContend, queueing included; 0: benchTimeout.
 	timeout time.Duration
+	// queueBatch is how many waiters of a benchQueued run join the queue
+	// at once, each batch once the one before is queued; 0: all at once.
+	queueBatch int
 
 	unary   atomic.Int64
 	txns    atomic.Int64 // of which Txns
@@ -740,11 +743,19 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 		select {
 		case <-holding:
 			created := e.created.Load()
+			batch := e.queueBatch
+			if batch <= 0 {
+				batch = len(lockers)
+			}
 			for i := 1; i < len(lockers); i++ {
 				wg.Go(func() { run(i, lockers[i]) })
-			}
-			if err := e.waitQueue(runCtx, name, len(lockers), created); err != nil {
-				fail(fmt.Errorf("waiting for %d sessions to queue for %q: %w", len(lockers), name, err))
+				if i%batch != 0 && i < len(lockers)-1 {
+					continue
+				}
+				if err := e.waitQueue(runCtx, name, i+1, created); err != nil {
+					fail(fmt.Errorf("waiting for %d sessions to queue for %q: %w", i+1, name, err))
+					break
+				}
 			}
 		case <-runCtx.Done():
 		}
