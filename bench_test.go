@@ -653,6 +653,19 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 	// last acquisition of a queued run.
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
+	// Each locker's lock calls have a context of their own, so that the
+	// waits of a queued run can be ended a batch at a time (queueBatch).
+	lockCtx := make([]context.Context, len(lockers))
+	stopLock := make([]context.CancelFunc, len(lockers))
+	for i := range lockers {
+		lockCtx[i], stopLock[i] = context.WithCancel(runCtx)
+		defer stopLock[i]()
+	}
+	finished := make(chan struct{}) // queued: closed at the b.N-th acquisition
+	returned := make([]chan struct{}, len(lockers))
+	for i := range returned {
+		returned[i] = make(chan struct{})
+	}
 	var keys *benchKeyWatch
 	if how == benchOneLock {
 		keys = benchWatchKeys(b, e.plain, name)
@@ -680,12 +693,13 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 	}
 	handoffs := make([][]time.Duration, len(lockers))
 	run := func(i int, l benchLocker) {
+		defer close(returned[i])
 		id, lock := int64(i+1), 0
 		if how == benchIndependent {
 			lock = i
 		}
 		for queued || claimed.Add(1) <= int64(b.N) {
-			if err := l.Lock(runCtx); err != nil {
+			if err := l.Lock(lockCtx[i]); err != nil {
 				if !over.Load() {
 					fail(fmt.Errorf("holder %d: Lock: %w", id, err))
 				}
@@ -706,7 +720,7 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 			if queued && n == int64(b.N) {
 				end = e.counts()
 				over.Store(true)
-				stopRun()
+				close(finished)
 			}
 			prev.Store(id)
 			unlockAt.Store(int64(time.Since(t0)))
@@ -726,7 +740,7 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 		// release is the first hand-off.
 		holding := make(chan struct{})
 		wg.Go(func() {
-			if err := lockers[0].Lock(runCtx); err != nil {
+			if err := lockers[0].Lock(lockCtx[0]); err != nil {
 				fail(fmt.Errorf("holder 1: Lock: %w", err))
 				return
 			}
@@ -770,8 +784,25 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 	}
 	leftover := 0
 	if queued {
-		<-runCtx.Done() // the b.N-th acquisition, or a failure
+		select { // the b.N-th acquisition, or a failure
+		case <-finished:
+		case <-runCtx.Done():
+		}
 		b.StopTimer()
+		// End the waits, a batch at a time if asked: thousands of waits
+		// that end at once each delete their key, and etcd refuses
+		// requests once its apply lags 5,000 entries behind.
+		if batch := e.queueBatch; batch > 0 && over.Load() {
+			for i := range lockers {
+				stopLock[i]()
+				if (i+1)%batch == 0 || i == len(lockers)-1 {
+					for j := i + 1 - min(batch, i%batch+1); j <= i; j++ {
+						<-returned[j]
+					}
+				}
+			}
+		}
+		stopRun()
 		wg.Wait() // the waits end at once and should remove their keys
 		// A lock call cancelled after etcd applied its put but before the
 		// reply came back may leave its key behind (upstream does): the
