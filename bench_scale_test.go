@@ -78,9 +78,10 @@ func benchScale(b *testing.B, n int, impl benchImpl) {
 		b.Fatalf("new client: %v", err)
 	}
 	server.Cleanup(func() { _ = plain.Close() })
-	// Queueing n sessions reads the queue n times: allow for it.
+	// Queueing n sessions reads the queue n times: allow for it (upstream
+	// queued 10,000 in more than 4 minutes).
 	e := &benchServer{endpoints: []string{endpoint}, plain: plain, child: pid,
-		timeout: benchTimeout + time.Duration(n)*10*time.Millisecond, queueBatch: benchScalePerClient}
+		timeout: benchTimeout + time.Duration(n)*60*time.Millisecond, queueBatch: benchScalePerClient}
 	e.revision(b) // plain's connection and its goroutines, before the count
 	base := benchReadProc(pid)
 	goroutines := runtime.NumGoroutine()
