@@ -19,19 +19,7 @@ import (
 // ETCDLOCK_WAITERS, a comma-separated list (such as 2048,4096,10000),
 // replaces them.
 func benchScaleCounts(b *testing.B) []int {
-	v := os.Getenv("ETCDLOCK_WAITERS")
-	if v == "" {
-		return []int{32, 1024}
-	}
-	var counts []int
-	for f := range strings.SplitSeq(v, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 2 {
-			b.Fatalf("ETCDLOCK_WAITERS=%q: want counts of at least 2, such as 2048,10000", v)
-		}
-		counts = append(counts, n)
-	}
-	return counts
+	return benchEnvCounts(b, "ETCDLOCK_WAITERS", []int{32, 1024}, 2)
 }
 
 // benchScalePerClient is how many sessions of BenchmarkWaitersAtScale share
