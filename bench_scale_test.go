@@ -39,6 +39,7 @@ const benchScalePerClient = 64
 //	etcd-cpu-us/op, etcd-cores  etcd's process, from /proc/<pid>/stat
 //	etcd-rss-MB                 its resident memory when the clock starts,
 //	                            with the n sessions queued
+//	etcd-rss-end-MB             the same at the b.N-th acquisition
 //	etcd-peak-MB                its most resident memory during the run
 //	etcd-base-MB                its resident memory before the sessions were made
 //	setup-s                     wall time to make the n sessions (not to queue them)

@@ -18,6 +18,7 @@ package etcdlock_test
 //	etcd-cpu-us/op, etcd-cores
 //	              with etcd in a child process, the same for etcd's process
 //	etcd-rss-MB   with etcd in a child process, its resident memory when the clock starts
+//	etcd-rss-end-MB  the same at the last acquisition
 //	etcd-peak-MB  its most resident memory during the run (VmHWM, reset at the start)
 //	acq/s         acquisitions per second, all holders together
 //	handoff-p50-ms, handoff-p90-ms, handoff-p99-ms, handoff-max-ms
@@ -256,6 +257,7 @@ func (m *benchMeter) reportUntil(b *testing.B, ops int, end benchSnapshot) {
 			b.ReportMetric(cpu.Seconds()/wall.Seconds(), "etcd-cores")
 		}
 		b.ReportMetric(float64(m.start.etcd.rss)/(1<<20), "etcd-rss-MB")
+		b.ReportMetric(float64(end.etcd.rss)/(1<<20), "etcd-rss-end-MB")
 		b.ReportMetric(float64(end.etcd.peak)/(1<<20), "etcd-peak-MB")
 	}
 }
