@@ -663,8 +663,8 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 		lockCtx[i], stopLock[i] = context.WithCancel(runCtx)
 		defer stopLock[i]()
 	}
-	finished := make(chan struct{}) // queued: closed at the b.N-th acquisition
-	returned := make([]chan struct{}, len(lockers))
+	finished := make(chan struct{})                 // queued: closed at the b.N-th acquisition
+	returned := make([]chan struct{}, len(lockers)) // closed when a locker's goroutine ends
 	for i := range returned {
 		returned[i] = make(chan struct{})
 	}
@@ -695,7 +695,6 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 	}
 	handoffs := make([][]time.Duration, len(lockers))
 	run := func(i int, l benchLocker) {
-		defer close(returned[i])
 		id, lock := int64(i+1), 0
 		if how == benchIndependent {
 			lock = i
@@ -742,6 +741,7 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 		// release is the first hand-off.
 		holding := make(chan struct{})
 		wg.Go(func() {
+			defer close(returned[0])
 			if err := lockers[0].Lock(lockCtx[0]); err != nil {
 				fail(fmt.Errorf("holder 1: Lock: %w", err))
 				return
@@ -764,7 +764,7 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 				batch = len(lockers)
 			}
 			for i := 1; i < len(lockers); i++ {
-				wg.Go(func() { run(i, lockers[i]) })
+				wg.Go(func() { defer close(returned[i]); run(i, lockers[i]) })
 				if i%batch != 0 && i < len(lockers)-1 {
 					continue
 				}
@@ -782,7 +782,7 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 	t0 = time.Now()
 	close(started)
 	for i := first; i < len(lockers); i++ {
-		wg.Go(func() { run(i, lockers[i]) })
+		wg.Go(func() { defer close(returned[i]); run(i, lockers[i]) })
 	}
 	leftover := 0
 	if queued {
