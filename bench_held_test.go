@@ -21,15 +21,22 @@ import (
 // ETCDLOCK_HELD_LOCKS, a comma-separated list (such as 100,10000,100000),
 // replaces them.
 func benchHeldCounts(b *testing.B) []int {
-	v := os.Getenv("ETCDLOCK_HELD_LOCKS")
+	return benchEnvCounts(b, "ETCDLOCK_HELD_LOCKS", []int{1, 100, 10000}, 1)
+}
+
+// benchEnvCounts returns the counts of a benchmark: those of the environment
+// variable env, a comma-separated list, if set, each at least least; else
+// def.
+func benchEnvCounts(b *testing.B, env string, def []int, least int) []int {
+	v := os.Getenv(env)
 	if v == "" {
-		return []int{1, 100, 10000}
+		return def
 	}
 	var counts []int
 	for f := range strings.SplitSeq(v, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			b.Fatalf("ETCDLOCK_HELD_LOCKS=%q: want counts such as 100,10000", v)
+		if err != nil || n < least {
+			b.Fatalf("%s=%q: want a comma-separated list of counts of at least %d", env, v, least)
 		}
 		counts = append(counts, n)
 	}
@@ -148,7 +155,7 @@ func benchHoldEtcdlock(done bool) func(tb testing.TB, c *clientv3.Client) (func(
 // the requests; and watch-streams, the Watch streams it opened per iteration
 // (clientv3 closes its stream when the last watch on it ends).
 func BenchmarkHeldLocks(b *testing.B) {
-	endpoint := childServer(b)
+	endpoint, _ := childServer(b)
 	for _, n := range benchHeldCounts(b) {
 		b.Run(fmt.Sprintf("locks=%d", n), func(b *testing.B) {
 			for _, kind := range benchHoldKinds {

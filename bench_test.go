@@ -14,6 +14,12 @@ package etcdlock_test
 //	cpu-us/op     CPU time of the whole process (user and system, every thread:
 //	              etcd's server and all the clients together), in microseconds
 //	cpu-cores     the same CPU time over the wall time of the run: 2 is both cores busy
+//	              (with etcd in a child process: the clients' process only)
+//	etcd-cpu-us/op, etcd-cores
+//	              with etcd in a child process, the same for etcd's process
+//	etcd-rss-MB   with etcd in a child process, its resident memory when the clock starts
+//	etcd-rss-end-MB  the same at the last acquisition
+//	etcd-peak-MB  its most resident memory during the run (VmHWM, reset at the start)
 //	acq/s         acquisitions per second, all holders together
 //	handoff-p50-ms, handoff-p90-ms, handoff-p99-ms, handoff-max-ms
 //	              from the moment a holder starts its unlock to the moment the next
@@ -21,8 +27,8 @@ package etcdlock_test
 //	max-keys      most keys under the lock's prefix at any one time, replayed
 //	              from etcd's history after the run
 //
-// How cost grows with waiters and with held locks is in bench_waiting_test.go
-// and bench_held_test.go.
+// How cost grows with waiters and with held locks is in bench_waiting_test.go,
+// bench_scale_test.go and bench_held_test.go.
 
 import (
 	"context"
@@ -54,6 +60,15 @@ const benchTimeout = 2 * time.Minute
 type benchServer struct {
 	endpoints []string
 	plain     *clientv3.Client // not counted: revisions, key watches, other holders
+	// child is the process id of etcd when it runs in a child process
+	// (childServer), whose CPU time and memory the meters then read; 0 when
+	// etcd is embedded.
+	child int
+	// timeout bounds benchContend, queueing included; 0: benchTimeout.
+	timeout time.Duration
+	// queueBatch is how many waiters of a benchQueued run join the queue
+	// at once, each batch once the one before is queued; 0: all at once.
+	queueBatch int
 
 	unary   atomic.Int64
 	txns    atomic.Int64 // of which Txns
@@ -174,11 +189,24 @@ type benchSnapshot struct {
 	cpu            time.Duration // CPU time of the whole process; valid if cpuOK
 	cpuOK          bool
 	unary, watches int64
+	etcd           benchProc // etcd's process, when it runs in a child
 }
 
 func (e *benchServer) counts() benchSnapshot {
 	cpu, ok := benchCPU()
-	return benchSnapshot{at: time.Now(), cpu: cpu, cpuOK: ok, unary: e.unary.Load(), watches: e.watches.Load()}
+	s := benchSnapshot{at: time.Now(), cpu: cpu, cpuOK: ok, unary: e.unary.Load(), watches: e.watches.Load()}
+	if e.child != 0 {
+		s.etcd = benchReadProc(e.child)
+	}
+	return s
+}
+
+// callTimeout returns what bounds benchContend.
+func (e *benchServer) callTimeout() time.Duration {
+	if e.timeout > 0 {
+		return e.timeout
+	}
+	return benchTimeout
 }
 
 // A benchMeter counts etcd writes, RPCs, watches and CPU time from its start
@@ -192,6 +220,9 @@ type benchMeter struct {
 func (e *benchServer) startMeter(b *testing.B) *benchMeter {
 	b.Helper()
 	m := &benchMeter{e: e, rev: e.revision(b)}
+	if e.child != 0 {
+		benchResetPeak(e.child)
+	}
 	m.start = e.counts()
 	return m
 }
@@ -206,17 +237,28 @@ func (m *benchMeter) report(b *testing.B, ops int) {
 }
 
 // reportUntil reports what report does, but writes/op, from the start to
-// end.
+// end; with etcd in a child process, also etcd's own CPU time and memory.
 func (m *benchMeter) reportUntil(b *testing.B, ops int, end benchSnapshot) {
 	b.Helper()
 	b.ReportMetric(float64(end.unary-m.start.unary)/float64(ops), "rpcs/op")
 	b.ReportMetric(float64(end.watches-m.start.watches)/float64(ops), "watches/op")
+	wall := end.at.Sub(m.start.at)
 	if m.start.cpuOK && end.cpuOK {
 		cpu := end.cpu - m.start.cpu
 		b.ReportMetric(float64(cpu.Microseconds())/float64(ops), "cpu-us/op")
-		if wall := end.at.Sub(m.start.at); wall > 0 {
+		if wall > 0 {
 			b.ReportMetric(cpu.Seconds()/wall.Seconds(), "cpu-cores")
 		}
+	}
+	if m.start.etcd.ok && end.etcd.ok {
+		cpu := end.etcd.cpu - m.start.etcd.cpu
+		b.ReportMetric(float64(cpu.Microseconds())/float64(ops), "etcd-cpu-us/op")
+		if wall > 0 {
+			b.ReportMetric(cpu.Seconds()/wall.Seconds(), "etcd-cores")
+		}
+		b.ReportMetric(float64(m.start.etcd.rss)/(1<<20), "etcd-rss-MB")
+		b.ReportMetric(float64(end.etcd.rss)/(1<<20), "etcd-rss-end-MB")
+		b.ReportMetric(float64(end.etcd.peak)/(1<<20), "etcd-peak-MB")
 	}
 }
 
@@ -607,12 +649,25 @@ const (
 // benchOneLock, the most keys the lock had at once.
 func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLocker, how benchContention) {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), e.callTimeout())
 	defer cancel()
 	// runCtx is the lock calls' context: a failure ends it, and so does the
 	// last acquisition of a queued run.
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
+	// Each locker's lock calls have a context of their own, so that the
+	// waits of a queued run can be ended a batch at a time (queueBatch).
+	lockCtx := make([]context.Context, len(lockers))
+	stopLock := make([]context.CancelFunc, len(lockers))
+	for i := range lockers {
+		lockCtx[i], stopLock[i] = context.WithCancel(runCtx)
+		defer stopLock[i]()
+	}
+	finished := make(chan struct{})                 // queued: closed at the b.N-th acquisition
+	returned := make([]chan struct{}, len(lockers)) // closed when a locker's goroutine ends
+	for i := range returned {
+		returned[i] = make(chan struct{})
+	}
 	var keys *benchKeyWatch
 	if how == benchOneLock {
 		keys = benchWatchKeys(b, e.plain, name)
@@ -645,7 +700,7 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 			lock = i
 		}
 		for queued || claimed.Add(1) <= int64(b.N) {
-			if err := l.Lock(runCtx); err != nil {
+			if err := l.Lock(lockCtx[i]); err != nil {
 				if !over.Load() {
 					fail(fmt.Errorf("holder %d: Lock: %w", id, err))
 				}
@@ -666,7 +721,7 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 			if queued && n == int64(b.N) {
 				end = e.counts()
 				over.Store(true)
-				stopRun()
+				close(finished)
 			}
 			prev.Store(id)
 			unlockAt.Store(int64(time.Since(t0)))
@@ -686,7 +741,8 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 		// release is the first hand-off.
 		holding := make(chan struct{})
 		wg.Go(func() {
-			if err := lockers[0].Lock(runCtx); err != nil {
+			defer close(returned[0])
+			if err := lockers[0].Lock(lockCtx[0]); err != nil {
 				fail(fmt.Errorf("holder 1: Lock: %w", err))
 				return
 			}
@@ -703,11 +759,19 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 		select {
 		case <-holding:
 			created := e.created.Load()
-			for i := 1; i < len(lockers); i++ {
-				wg.Go(func() { run(i, lockers[i]) })
+			batch := e.queueBatch
+			if batch <= 0 {
+				batch = len(lockers)
 			}
-			if err := e.waitQueue(runCtx, name, len(lockers), created); err != nil {
-				fail(fmt.Errorf("waiting for %d sessions to queue for %q: %w", len(lockers), name, err))
+			for i := 1; i < len(lockers); i++ {
+				wg.Go(func() { defer close(returned[i]); run(i, lockers[i]) })
+				if i%batch != 0 && i < len(lockers)-1 {
+					continue
+				}
+				if err := e.waitQueue(runCtx, name, i+1, created); err != nil {
+					fail(fmt.Errorf("waiting for %d sessions to queue for %q: %w", i+1, name, err))
+					break
+				}
 			}
 		case <-runCtx.Done():
 		}
@@ -718,12 +782,29 @@ func benchContend(b *testing.B, e *benchServer, name string, lockers []benchLock
 	t0 = time.Now()
 	close(started)
 	for i := first; i < len(lockers); i++ {
-		wg.Go(func() { run(i, lockers[i]) })
+		wg.Go(func() { defer close(returned[i]); run(i, lockers[i]) })
 	}
 	leftover := 0
 	if queued {
-		<-runCtx.Done() // the b.N-th acquisition, or a failure
+		select { // the b.N-th acquisition, or a failure
+		case <-finished:
+		case <-runCtx.Done():
+		}
 		b.StopTimer()
+		// End the waits, a batch at a time if asked: thousands of waits
+		// that end at once each delete their key, and etcd refuses
+		// requests once its apply lags 5,000 entries behind.
+		if batch := e.queueBatch; batch > 0 && over.Load() {
+			for i := range lockers {
+				stopLock[i]()
+				if (i+1)%batch == 0 || i == len(lockers)-1 {
+					for j := i + 1 - min(batch, i%batch+1); j <= i; j++ {
+						<-returned[j]
+					}
+				}
+			}
+		}
+		stopRun()
 		wg.Wait() // the waits end at once and should remove their keys
 		// A lock call cancelled after etcd applied its put but before the
 		// reply came back may leave its key behind (upstream does): the

@@ -267,12 +267,14 @@ const v3lockServerEnv = "ETCDLOCK_TEST_V3LOCK_SERVER"
 // outlive the server, which goleak would report in this process.
 func v3lockServer(t *testing.T) *clientv3.Client {
 	t.Helper()
-	return interceptedClient(t, []string{childServer(t)}, nil, nil)
+	endpoint, _ := childServer(t)
+	return interceptedClient(t, []string{endpoint}, nil, nil)
 }
 
 // childServer starts an embedded etcd in a child process (runV3lockServer)
-// and returns its client URL. The child stops etcd and exits at tb.Cleanup.
-func childServer(tb testing.TB) string {
+// and returns its client URL and the child's process id, whose CPU time and
+// memory a benchmark may read. The child stops etcd and exits at tb.Cleanup.
+func childServer(tb testing.TB) (endpoint string, pid int) {
 	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), v3lockServerEnv+"=1")
@@ -289,14 +291,14 @@ func childServer(tb testing.TB) string {
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	endpoint := make(chan string, 1)
+	endpoints := make(chan string, 1)
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			if ep, ok := strings.CutPrefix(sc.Text(), "endpoint "); ok {
-				endpoint <- ep
+				endpoints <- ep
 			}
 		}
 	}()
@@ -311,14 +313,14 @@ func childServer(tb testing.TB) string {
 		_ = cmd.Wait()
 	})
 	select {
-	case ep := <-endpoint:
-		return ep
+	case ep := <-endpoints:
+		return ep, cmd.Process.Pid
 	case <-drained:
 		tb.Fatalf("etcd child process exited without an endpoint: %s", stderr.String())
 	case <-time.After(testTimeout):
 		tb.Fatal("etcd child process gave no endpoint in time")
 	}
-	return ""
+	return "", 0
 }
 
 // runV3lockServer is the child process of v3lockServer, run from TestMain:

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -64,6 +65,8 @@ func (r results) printGrowth(w io.Writer) {
 			r.cpu(on), r.cpu(un), fmtNum(r.m(on, "rpcs/op"))+" / "+fmtNum(r.m(un, "rpcs/op")))
 	}
 
+	r.printScale(p, row)
+
 	p("\n### Growth: locks of one Session (etcd in a child process: the client's cost only)\n\n")
 	p("Per lock: live heap and goroutine stacks after runtime.GC, goroutines, allocations and wall time to take it\n")
 	p("(8 goroutines taking locks at once); per run: keep-alive streams and leases, watch streams per take of all the locks.\n\n")
@@ -114,4 +117,51 @@ func (r results) growthTargets(row func(...string)) {
 		fmtNum(r.m("BenchmarkHeldLocks/locks=10000/upstream", "keepalive-streams"))+" / "+
 			fmtNum(r.m("BenchmarkHeldLocks/locks=10000/upstream", "keepalive-leases")),
 		"–", "1 / 1", verdict(ks == 1 && kl == 1, ks, kl))
+}
+
+// scaleCounts returns the numbers of sessions BenchmarkWaitersAtScale ran
+// with (ETCDLOCK_WAITERS chooses them), smallest first.
+func (r results) scaleCounts() []int {
+	var counts []int
+	for name := range r {
+		rest, ok := strings.CutPrefix(name, "BenchmarkWaitersAtScale/sessions=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(rest, ours), up))
+		if err == nil && !slices.Contains(counts, n) {
+			counts = append(counts, n)
+		}
+	}
+	slices.Sort(counts)
+	return counts
+}
+
+// printScale prints the table of BenchmarkWaitersAtScale, if it ran.
+func (r results) printScale(p func(string, ...any), row func(...string)) {
+	counts := r.scaleCounts()
+	if len(counts) == 0 {
+		return
+	}
+	p("\n### Growth: sessions waiting at scale (etcd in a child process, a client per 64 sessions)\n\n")
+	p("etcd's own CPU time per acquisition (the cores it kept busy) and resident memory with the sessions queued.\n\n")
+	row("sessions", "etcdlock acq/s", "upstream acq/s", "ratio",
+		"etcdlock handoff p50 / p99 ms", "upstream handoff p50 / p99 ms",
+		"etcdlock etcd CPU µs/acq (cores)", "upstream etcd CPU µs/acq (cores)",
+		"etcdlock / upstream etcd RSS MB", "etcdlock / upstream RPCs per acq")
+	row("---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:")
+	for _, n := range counts {
+		name := fmt.Sprintf("BenchmarkWaitersAtScale/sessions=%d", n)
+		on, un := name+ours, name+up
+		an, au := r.m(on, "acq/s"), r.m(un, "acq/s")
+		h := func(b string) string {
+			return fmtNum(r.m(b, "handoff-p50-ms")) + " / " + fmtNum(r.m(b, "handoff-p99-ms"))
+		}
+		etcd := func(b string) string {
+			return fmtNum(r.m(b, "etcd-cpu-us/op")) + " (" + fmtNum(r.m(b, "etcd-cores")) + ")"
+		}
+		row(strconv.Itoa(n), fmtNum(an), fmtNum(au), ratio(an, au), h(on), h(un), etcd(on), etcd(un),
+			fmtNum(r.m(on, "etcd-rss-MB"))+" / "+fmtNum(r.m(un, "etcd-rss-MB")),
+			fmtNum(r.m(on, "rpcs/op"))+" / "+fmtNum(r.m(un, "rpcs/op")))
+	}
 }

@@ -286,7 +286,7 @@ func (r results) family(p func(string, ...any), row func(...string)) {
 	p("\n### The family: RWMutex beside etcd's recipe RWMutex\n\n")
 	row("sessions", "etcdlock acq/s", "recipe acq/s", "ratio", "etcdlock RPCs / watches per acq", "recipe RPCs / watches per acq")
 	row("---", "---:", "---:", "---:", "---:", "---:")
-	for _, n := range []string{"readers=4", "writers=2"} {
+	for _, n := range []string{"readers=4", "writers=2", "readers=8,writers=2"} {
 		b := "BenchmarkRWMutex/" + n
 		an, ar := r.m(b+ours, "acq/s"), r.m(b+"/recipe", "acq/s")
 		row(n, fmtNum(an), fmtNum(ar), ratio(an, ar),
