@@ -244,7 +244,8 @@ func TestSemaphoreNearHeadNoTxn(t *testing.T) {
 	name := lockName(t)
 	const limit, waiters = 2, queue.NearHead - 2
 	var txns txnKinds
-	wc := serverClient(t, srv, txns.intercept, nil)
+	watches := &watchRecorder{rev: func() int64 { return 0 }}
+	wc := serverClient(t, srv, txns.intercept, watches.intercept)
 	var held []*etcdlock.Permit
 	for range limit {
 		held = append(held, admitted(t, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client), name, limit))))
@@ -255,7 +256,19 @@ func TestSemaphoreNearHeadNoTxn(t *testing.T) {
 		queued = append(queued, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, wc, etcdlock.WithTTL(time.Minute)), name, limit)))
 		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == limit+i+1 })
 	}
-	time.Sleep(ownWait) // every waiter's watch is open
+	// Every waiter's watch of the queue is open, and of the limit record
+	// (after 100 ms), and a read that a watch created after its waiter's
+	// enqueue calls for is done.
+	eventually(t, "the waiters' watches", func() bool {
+		created := 0
+		for _, c := range watches.list() {
+			if c.created != 0 {
+				created++
+			}
+		}
+		return created >= 2*waiters
+	})
+	time.Sleep(ownWait)
 	reads, puts := txns.reads.Load(), txns.puts.Load()
 	for _, ch := range queued {
 		release(t, held[0])
