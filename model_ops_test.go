@@ -406,7 +406,7 @@ func (a *goroutine) acquire(r *rand.Rand, wait time.Duration) { a.acquireN(r, wa
 
 // acquireN takes n permits of the Semaphore, judged by the weighted rule.
 func (a *goroutine) acquireN(r *rand.Rand, wait time.Duration, n int) {
-	sem := etcdlock.NewSemaphore(a.ms.session(), a.w.semName(), modelLimit)
+	sem := a.ms.semaphore(a.w.semName())
 	ctx, cancel := callContext(r)
 	defer cancel()
 	c := a.begin("Semaphore", []string{a.w.semName()}, modelHold{})

@@ -126,12 +126,26 @@ type modelSession struct {
 	s      *etcdlock.Session
 	old    []*etcdlock.Session // replaced, to close at the end
 	cutTil time.Time           // partitioned until
+	sem    *etcdlock.Semaphore // on semOn
+	semOn  *etcdlock.Session
 }
 
 func (ms *modelSession) session() *etcdlock.Session {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	return ms.s
+}
+
+// semaphore returns the Session's Semaphore of name: one per Session, so
+// that its acquisitions share what it keeps (a wait near the head opens the
+// next one's watch before its enqueue).
+func (ms *modelSession) semaphore(name string) *etcdlock.Semaphore {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.sem == nil || ms.sem.Name() != name || ms.semOn != ms.s {
+		ms.sem, ms.semOn = etcdlock.NewSemaphore(ms.s, name, modelLimit), ms.s
+	}
+	return ms.sem
 }
 
 // The lock names of a sequence, under its prefix.
