@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
@@ -558,4 +562,67 @@ func TestFamilyWatchCompacted(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestWaitWatchKeepsFailing: a waiter whose every watch fails (each served
+// from a compacted revision) reads its place after each failure, and waits
+// longer before each new watch, up to its TTL: in 3 s, a handful of reads,
+// not one every 100 ms. It still takes the lock once the holder goes, from
+// those reads.
+func TestWaitWatchKeepsFailing(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	ctx, name := testContext(t), lockName(t)
+	holder := etcdlock.NewMutex(newSession(t, client), name)
+	if err := holder.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Compact(ctx, revision(t, client)); err != nil {
+		t.Fatal(err)
+	}
+	var txns txnKinds
+	wc := serverClient(t, srv, txns.intercept, fromCompacted)
+	waiter := lockInGoroutine(t, ctx, oursOn(newSession(t, wc, etcdlock.WithTTL(2*time.Second)), name))
+	time.Sleep(3 * time.Second)
+	// Watches at 0, 0.1, 0.3, 0.7, 1.5 s (pauses of 0.1, 0.2, 0.4, 0.8,
+	// 1.6 s), a read as each fails, and the read per TTL: about 6 (5
+	// measured; 16 with a pause of 100 ms each time).
+	if reads := txns.reads.Load(); reads > 10 {
+		t.Errorf("reads in 3 s of failing watches: got %d, want about 6", reads)
+	}
+	if err := holder.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitErr(t, waiter.locked); err != nil {
+		t.Fatalf("the waiter whose watches fail: %v", err)
+	}
+	if err := waiter.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fromCompacted serves every watch a client creates from revision 1, which
+// a compaction has removed: each fails at once.
+func fromCompacted(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != "/etcdserverpb.Watch/Watch" {
+		return cs, err
+	}
+	return compactedStream{cs}, nil
+}
+
+type compactedStream struct{ grpc.ClientStream }
+
+func (s compactedStream) SendMsg(m any) error {
+	if req, ok := m.(*pb.WatchRequest); ok {
+		if cr := req.GetCreateRequest(); cr != nil {
+			cr = proto.Clone(cr).(*pb.WatchCreateRequest)
+			cr.StartRevision = 1
+			m = &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: cr}}
+		}
+	}
+	return s.ClientStream.SendMsg(m)
 }

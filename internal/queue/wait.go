@@ -32,7 +32,8 @@ const ownWatchDelay = 100 * time.Millisecond
 // A watch event can be lost (etcd #17529, #18089, #19179, #20221): it reads
 // again at least once per TTL, and after any watch error, so that a lost
 // event costs at most one TTL. A watch that fails (compacted, or cancelled
-// by etcd) is opened again, after a read and a pause of ownWatchDelay.
+// by etcd) is opened again, after a read and a pause: ownWatchDelay, doubled
+// with each failure in a row, up to the TTL.
 func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -42,15 +43,17 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 	safety := time.NewTicker(t.c.TTL)
 	defer safety.Stop()
 
-	broken := false // the last watch failed
+	// pause is how long to wait before the next watch after the last one
+	// failed: 0 if it did not; it doubles with each failure in a row, up to
+	// the TTL, so that a watch etcd keeps refusing costs a read a TTL.
+	var pause time.Duration
 	for p.verdict == blocked {
-		if broken {
+		if pause > 0 {
 			select {
-			case <-time.After(ownWatchDelay):
+			case <-time.After(pause):
 			case <-ctx.Done():
 				return p, ErrBusy
 			}
-			broken = false
 		}
 		wch, stop := t.open(wctx, p, early)
 		early = nil
@@ -77,12 +80,15 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 				case ok && (wr.Err() != nil || wr.Canceled):
 					// Compacted, or cancelled by etcd: the watch ends here.
 					// Read the place, and watch again after a pause.
-					broken = true
-					next, err = t.read(ctx)
+					pause = min(max(2*pause, ownWatchDelay), t.c.TTL)
+					next, err = t.read(ctx) // not unchanged: a new watch
 				case p.turn != nil:
 					next, err = t.counted(ctx, p, wr, ok)
 				default:
 					next, err = t.woken(ctx, p, wr, ok)
+				}
+				if ok && len(wr.Events) > 0 {
+					pause = 0 // the watch works
 				}
 			case <-recordAfter:
 				recordAfter = nil
