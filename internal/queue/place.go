@@ -37,12 +37,12 @@ type place struct {
 	verdict verdict
 	seen    int64  // the revision of the read
 	watch   string // what to watch while blocked
-	prefix  bool   // watch every key under watch (a semaphore's waiter near the head)
 	puts    bool   // also wake on a put of watch (a semaphore's waiter: a touch, or its predecessor's admission)
 	next    bool   // a key is queued behind ours
 	ahead   int    // a semaphore's: how many older keys wait
 	// turn: a semaphore's waiter near the head counts its turn from the
-	// prefix's events (turn.go); nil for any other place.
+	// events of every key under watch, its prefix (turn.go); nil for any
+	// other place.
 	turn *turn
 	// A lock's waiter: owner means watch is the only key that blocks us, so
 	// that its delete makes us the holder with no read; watchRev is watch's
@@ -229,7 +229,7 @@ func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int
 	case holds:
 		return heldAt(seen), nil
 	case waiting < NearHead:
-		return place{verdict: blocked, seen: seen, watch: r.blocking, prefix: true, puts: true, ahead: waiting, turn: u}, nil
+		return place{verdict: blocked, seen: seen, watch: r.blocking, puts: true, ahead: waiting, turn: u}, nil
 	default:
 		return place{verdict: blocked, seen: seen, watch: string(last.Key), puts: true, ahead: waiting}, nil
 	}
@@ -239,7 +239,7 @@ func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int
 // otherwise the unchanged verdict: nothing to do but go on waiting. A
 // waiter that counts its turn goes on from what next read.
 func changed(p, next place) place {
-	if next.verdict == blocked && next.watch == p.watch && next.prefix == p.prefix && next.puts == p.puts && next.owner == p.owner {
+	if next.verdict == blocked && next.watch == p.watch && (next.turn == nil) == (p.turn == nil) && next.puts == p.puts && next.owner == p.owner {
 		if p.turn != nil && next.turn != nil {
 			*p.turn = *next.turn
 		}

@@ -93,7 +93,7 @@ func TestPlaceSemaphore(t *testing.T) {
 	p4 := func(key string, create int64, w int) *mvccpb.KeyValue { return permit(key, create, 4, w) }
 	// A waiter near the head counts its turn from the prefix's events.
 	near := func(ahead int) place {
-		return place{verdict: blocked, seen: seen, watch: "l/", prefix: true, puts: true, ahead: ahead}
+		return place{verdict: blocked, seen: seen, watch: "l/", puts: true, ahead: ahead}
 	}
 	head := near(0)
 	// queue returns the keys of 2 holders and n waiters of limit 2.
@@ -143,8 +143,8 @@ func TestPlaceSemaphore(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := rules()[tc.rule].placeOlder(ranges(tc.oldestFirst, tc.behind, tc.rec), rev, seen, false)
-			if (got.turn != nil) != (got.prefix && got.verdict == blocked) {
-				t.Errorf("placeOlder = %+v: a turn only near the head", got)
+			if (got.turn != nil) != (got.watch == "l/" && got.verdict == blocked) {
+				t.Errorf("placeOlder = %+v: a turn, and a watch of the prefix, only near the head", got)
 			}
 			if got.turn != nil && (got.turn.seen != seen || got.turn.next != got.next) {
 				t.Errorf("placeOlder's turn = %+v; want seen %d, next %v", *got.turn, seen, got.next)
@@ -259,7 +259,7 @@ func TestPlaceFirst(t *testing.T) {
 		{"the oldest is a member: blocked by it", "mutex", keys(kv("l/b", 7)), place{verdict: blocked, seen: seen, watch: "l/b"}},
 		{"the oldest is nested: unread", "mutex", keys(kv("l/x/b", 7)), place{}},
 		{"semaphore: one of two", "sem2", keys(permit("l/b", 7, 2, 1)), heldAt(seen)},
-		{"semaphore: full", "sem2", keys(permit("l/b", 7, 2, 1), permit("l/c", 8, 2, 1)), place{verdict: blocked, seen: seen, watch: "l/", prefix: true, puts: true}},
+		{"semaphore: full", "sem2", keys(permit("l/b", 7, 2, 1), permit("l/c", 8, 2, 1)), place{verdict: blocked, seen: seen, watch: "l/", puts: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			replies := ranges(tc.kvs)

@@ -191,7 +191,7 @@ func (t *Ticket) watch(ctx context.Context, p place) clientv3.WatchChan {
 		return t.c.Watcher.Watch(ctx, lo, clientv3.WithRange(hi+"\x00"), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 	}
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
-	if p.prefix {
+	if p.turn != nil {
 		opts = append(opts, clientv3.WithPrefix())
 	}
 	if !p.puts {
