@@ -28,9 +28,9 @@ const maxLimitKeys = 120
 // acquisitions wait until the permits held fit within the new limit. A
 // raised limit admits waiters at once. The Txn also puts the first waiters'
 // keys again, unchanged, so that they read the new record (it needs write
-// permission on name/ besides the record). A record written by hand is not
-// ordered with the waiters' view of the queue: a lowering by hand may admit
-// a waiter under the old limit until it reads the record.
+// permission on name/ besides the record). A record written or deleted by
+// hand is not ordered with the waiters' view of the queue: a lower limit so
+// written may admit a waiter under the old one until it reads the record.
 //
 // It is a read and one Txn. A raise writes unless another SetLimit wrote in
 // between. A lowering writes only if the queue's holders are still those
