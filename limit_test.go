@@ -31,22 +31,6 @@ func limitRecord(t *testing.T, client *clientv3.Client, name string) string {
 	return string(resp.Kvs[0].Value)
 }
 
-// holdersIn returns the keys Inspect says hold.
-func holdersIn(t *testing.T, client *clientv3.Client, name string) []string {
-	t.Helper()
-	q, err := etcdlock.Inspect(testContext(t), client, name)
-	if err != nil {
-		t.Fatalf("Inspect: %v", err)
-	}
-	var keys []string
-	for _, e := range q {
-		if e.Holds {
-			keys = append(keys, e.Key)
-		}
-	}
-	return keys
-}
-
 // TestSetLimitLower: holders above a lowered limit keep their permits (in
 // etcd: they hold, their fences check); a new acquisition waits until the
 // permits held fit within the new limit.
@@ -77,7 +61,7 @@ func TestSetLimitLower(t *testing.T) {
 	} else {
 		t.Logf("record: %q", rec)
 	}
-	if got := holdersIn(t, client, name); len(got) != 3 {
+	if got, _ := permitsInEtcd(t, client, name, 3); len(got) != 3 {
 		t.Errorf("holders after lowering: got %q, want the 3 kept", got)
 	}
 	for _, p := range held {
@@ -96,7 +80,7 @@ func TestSetLimitLower(t *testing.T) {
 		release(t, p)
 	}
 	p := admitted(t, newcomer)
-	if got := holdersIn(t, client, name); len(got) != 1 || got[0] != p.Key() {
+	if got, _ := permitsInEtcd(t, client, name, 3); len(got) != 1 || got[0] != p.Key() {
 		t.Errorf("holders: got %q, want only %q", got, p.Key())
 	}
 	release(t, p)
@@ -145,7 +129,7 @@ func TestSetLimitLowerWhileWaiting(t *testing.T) {
 	if !waiting(waiters[1], 300*time.Millisecond) {
 		t.Fatal("the second waiter got in beside the first, limit 1")
 	}
-	if got := holdersIn(t, client, name); len(got) != 1 || got[0] != first.Key() {
+	if got, _ := permitsInEtcd(t, client, name, 4); len(got) != 1 || got[0] != first.Key() {
 		t.Errorf("holders: got %q, want only %q", got, first.Key())
 	}
 	release(t, first)
@@ -180,8 +164,10 @@ func TestSetLimitRaise(t *testing.T) {
 		t.Fatalf("SetLimit(3): %v", err)
 	}
 	pa, pb := admitted(t, a), admitted(t, b)
-	checkBound(t, "both waiters admitted after the raise", time.Since(start), doneBound)
-	if got := holdersIn(t, client, name); len(got) != 3 {
+	// Logged, not bounded: with a TTL of a minute, a raise that woke no one
+	// would leave them waiting past admitted's wait.
+	t.Logf("both waiters admitted %v after the raise", time.Since(start))
+	if got, _ := permitsInEtcd(t, client, name, 1); len(got) != 3 {
 		t.Errorf("holders: got %q, want 3", got)
 	}
 	// Another limit is no mismatch under a record.
@@ -244,7 +230,8 @@ func TestSetLimitBadInput(t *testing.T) {
 }
 
 // TestSetLimitChurn: the limit changes while Sessions take and give back
-// permits: every permit given holds in etcd at that moment, the permits
+// permits: every permit given holds in etcd at that moment (by the rule,
+// read from the keys and the record: permitsInEtcd), the permits
 // held never exceed the highest limit set, and at the end, at the last
 // limit, the queue drains and a whole limit is given.
 func TestSetLimitChurn(t *testing.T) {
@@ -267,12 +254,10 @@ func TestSetLimitChurn(t *testing.T) {
 					return
 				}
 				given.Add(1)
-				if err := etcdlock.CheckFence(ctx, client, p.Fence()); err != nil {
-					t.Errorf("a permit given does not hold in etcd: %v", err)
+				if ok, _ := holdsInEtcd(t, client, name, 2, p.Key()); !ok {
+					t.Errorf("a permit given does not hold in etcd: %s", p.Key())
 				}
-				n := inUse.Add(1)
-				for m := peak.Load(); n > m && !peak.CompareAndSwap(m, n); m = peak.Load() {
-				}
+				raise(&peak, inUse.Add(1))
 				time.Sleep(2 * time.Millisecond)
 				inUse.Add(-1)
 				if err := p.Release(ctx); err != nil {
@@ -301,7 +286,7 @@ func TestSetLimitChurn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("AcquireN(2) at the last limit: %v", err)
 	}
-	if got := holdersIn(t, client, name); len(got) != 1 {
+	if got, _ := permitsInEtcd(t, client, name, 2); len(got) != 1 {
 		t.Errorf("holders: got %q", got)
 	}
 	release(t, p)

@@ -9,7 +9,9 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -35,25 +38,54 @@ func weightOf(value []byte) int {
 	return n
 }
 
-// holdsInEtcd reports whether key holds a permit of the semaphore name of
-// limit, by the rule, from the keys etcd has now; and the permits those
-// holders take.
+// holdsInEtcd reports whether key holds a permit of the semaphore name,
+// whose holders were made with limit, by the rule, from what etcd has now;
+// and the permits those holders take.
 func holdsInEtcd(t *testing.T, client *clientv3.Client, name string, limit int, key string) (bool, int) {
 	t.Helper()
-	kvs, err := queueKeys(testContext(t), client, name)
+	holders, sum := permitsInEtcd(t, client, name, limit)
+	return slices.Contains(holders, key), sum
+}
+
+// permitsInEtcd returns the keys that hold a permit of the semaphore name,
+// whose holders were made with limit, and the permits they take, by the
+// rule as the docs give it, not as the library computes it: its keys and
+// its limit record, read in one Txn; the limit is the record's ("limit=N
+// keep=G") if there is one; keys created at or before G (at most the
+// record's revision) hold; the others, oldest first, while their weights
+// (each at most the limit) fit within what the older keys left.
+func permitsInEtcd(t *testing.T, client *clientv3.Client, name string, limit int) ([]string, int) {
+	t.Helper()
+	resp, err := client.Txn(testContext(t)).Then(
+		clientv3.OpGet(name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)),
+		clientv3.OpGet(queue.LimitKey(name)),
+	).Commit()
 	if err != nil {
-		t.Fatalf("read the keys of %q: %v", name, err)
+		t.Fatalf("read the keys and the limit record of %q: %v", name, err)
 	}
-	sum, found := 0, false
-	for _, kv := range kvs { // oldest first
-		w := min(weightOf(kv.Value), limit)
-		if sum+w > limit {
-			break
+	var keep int64
+	if rec := resp.Responses[1].GetResponseRange().Kvs; len(rec) == 1 {
+		if _, err := fmt.Sscanf(string(rec[0].Value), "limit=%d keep=%d", &limit, &keep); err != nil {
+			t.Fatalf("the limit record of %q: %q: %v", name, rec[0].Value, err)
 		}
-		sum += w
-		found = found || string(kv.Key) == key
+		keep = min(keep, rec[0].ModRevision)
 	}
-	return found, sum
+	var holders []string
+	room, sum := limit, 0
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs { // oldest first
+		w := min(weightOf(kv.Value), limit)
+		fits := room >= 0 && w <= room
+		if fits || kv.CreateRevision <= keep {
+			holders = append(holders, string(kv.Key))
+			sum += w
+		}
+		if fits {
+			room -= w
+		} else {
+			room = -1 // first come, first served: no later key fits
+		}
+	}
+	return holders, sum
 }
 
 // weightedWorker acquires weight permits of sem, rounds times, and checks
@@ -75,8 +107,7 @@ func (w weightedWorker) hold(p *etcdlock.Permit) {
 	if n > int64(w.limit) {
 		w.t.Errorf("%d permits held at once, limit %d", n, w.limit)
 	}
-	for m := w.most.Load(); n > m && !w.most.CompareAndSwap(m, n); m = w.most.Load() {
-	}
+	raise(w.most, n)
 	time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
 	w.inUse.Add(-int64(p.Weight()))
 }
@@ -301,7 +332,9 @@ func TestAllocCancelDoesntStarve(t *testing.T) {
 		t.Errorf("cancelled AcquireN: got %v, want context.Canceled", r.err)
 	}
 	p := admitted(t, small)
-	checkBound(t, "the small acquisition admitted after the large one's cancel", time.Since(start), doneBound)
+	// Logged, not bounded: with a TTL of a minute, a cancel that woke no
+	// one would leave it waiting past admitted's wait.
+	t.Logf("the small acquisition admitted %v after the large one's cancel", time.Since(start))
 	if ok, _ := holdsInEtcd(t, client, name, limit, p.Key()); !ok {
 		t.Error("the small permit: etcd disagrees that it holds")
 	}
