@@ -417,6 +417,51 @@ func TestOnceRecordFaults(t *testing.T) {
 	}
 }
 
+// TestOnceRecordRefusedAfterLostReply: the record's put applied with its
+// reply lost, and the put sent again refused by etcd: the first put stands,
+// so DoOnce says "ran" with no error, the record's lease is not revoked
+// (which would delete the record), and a second DoOnce finds the slot done:
+// f ran once. (Before, the refusal revoked the lease, and f ran twice.)
+func TestOnceRecordRefusedAfterLostReply(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	name := lockName(t)
+	var puts atomic.Int32
+	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if !recordPut(method, req) {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		switch puts.Add(1) {
+		case 1:
+			if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "test: reply lost")
+		case 2:
+			return rpctypes.ErrGRPCPermissionDenied
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	m := etcdlock.NewMutex(newSession(t, serverClient(t, srv, intercept, nil)), name)
+	got, err := m.DoOnce(testContext(t), "slot", onceRetention, countRun(client, name, "slot", "a"))
+	if got != etcdlock.OnceRan || err != nil {
+		t.Fatalf("DoOnce: got %v, %v, want ran, nil (the first put stands)", got, err)
+	}
+	if puts.Load() != 2 {
+		t.Fatalf("record puts: got %d, want 2", puts.Load())
+	}
+	if recordOf(t, client, name, "slot") == nil {
+		t.Fatal("no record in etcd: its lease was revoked")
+	}
+	again, err := etcdlock.NewMutex(newSession(t, client), name).DoOnce(testContext(t), "slot", onceRetention, countRun(client, name, "slot", "b"))
+	if again != etcdlock.OnceDone || err != nil {
+		t.Fatalf("DoOnce again: got %v, %v, want done", again, err)
+	}
+	if n := runsOf(t, client, name, "slot"); n != 1 {
+		t.Fatalf("runs in etcd: got %d, want 1", n)
+	}
+}
+
 // recordLeases returns how many leases of onceRetention etcd holds.
 func recordLeases(t *testing.T, client *clientv3.Client) int {
 	t.Helper()

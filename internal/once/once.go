@@ -54,9 +54,11 @@ const retryPause = 100 * time.Millisecond
 // record outlives the hold and its Session, and goes when its lease
 // expires. It returns nil once etcd said the put was applied; ErrNotOwner
 // if the hold had ended and no put of this call was applied, its lease then
-// revoked; etcd's refusal, the lease revoked; else etcd's error (or, the
-// hold ended, a read that failed), the record then in etcd or not, its
-// lease left to expire.
+// revoked; etcd's refusal, the lease revoked, unless an earlier put of the
+// call lost its reply (then nil if that put stands, the key on our lease,
+// and the lease left to expire if the key cannot be read); else etcd's
+// error (or, the hold ended, a read that failed), the record then in etcd
+// or not, its lease left to expire.
 //
 // A put whose reply was lost is sent again until ctx ends: under the same
 // guard, with the same value and lease, it is the same write, so a first
@@ -67,6 +69,7 @@ func Record(ctx context.Context, c *clientv3.Client, key, value string, owner cl
 		return fmt.Errorf("etcdlock: grant the lease of the record %q: %w", key, err)
 	}
 	put := clientv3.OpPut(key, value, clientv3.WithLease(lease.ID))
+	unsure := false // an earlier put's outcome is not known: it may stand
 	for {
 		resp, err := c.Txn(ctx).If(owner).Then(put).Commit()
 		switch {
@@ -74,6 +77,10 @@ func Record(ctx context.Context, c *clientv3.Client, key, value string, owner cl
 			return nil
 		case err == nil:
 			return notOwner(ctx, c, key, lease.ID)
+		case !transient(err) && unsure:
+			// Refused, after a put whose reply was lost: that one may
+			// have been applied, and the record is then ours.
+			return refusedAfter(ctx, c, key, lease.ID, err)
 		case !transient(err):
 			// Refused (permission denied, say): not applied, nor will it
 			// be; the lease would stand for the retention with no key.
@@ -82,12 +89,29 @@ func Record(ctx context.Context, c *clientv3.Client, key, value string, owner cl
 		case ctx.Err() != nil:
 			return fmt.Errorf("etcdlock: record %q: %w", key, err)
 		}
+		unsure = true
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("etcdlock: record %q: %w", key, err)
 		case <-time.After(retryPause):
 		}
 	}
+}
+
+// refusedAfter is Record's answer when etcd refused a put sent again after
+// one whose reply was lost: nil if that one was applied (the key is on our
+// lease); else refused, the lease revoked; or, the key not readable,
+// refused with the lease left to expire, as the record may stand.
+func refusedAfter(ctx context.Context, c *clientv3.Client, key string, lease clientv3.LeaseID, refused error) error {
+	resp, err := c.Get(ctx, key)
+	switch {
+	case err != nil:
+		return fmt.Errorf("etcdlock: record %q: %w (an earlier put may stand: %v)", key, refused, err)
+	case len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) == lease:
+		return nil
+	}
+	revoke(ctx, c, lease)
+	return fmt.Errorf("etcdlock: record %q: %w", key, refused)
 }
 
 // notOwner is Record's answer when a put found the hold ended. An earlier
