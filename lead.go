@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/etcdlock/etcdlock/internal/handover"
@@ -86,7 +84,8 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 // Lead runs f whenever this process leads name, as the function Lead does,
 // but on s, with StepDown, HandOver and TermFrom as there. It does not
 // close s, and returns ErrSessionExpired once s has ended (without
-// WithRenewal, when its lease is gone).
+// WithRenewal, when its lease is gone). Within a hold of name on s (by the
+// calling goroutine, or in a Do's f) it is ErrInvalidArgument.
 func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
 	if err := validate(s != nil, name, ctx); err != nil {
 		return err
@@ -103,12 +102,12 @@ func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Cont
 // and a candidate that steps aside for the one handed over to campaigns
 // again at once.
 func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
-	if h, ok := HoldFrom(ctx); ok && slices.Contains(strings.Split(h.Name, ","), name) {
-		// Its campaigns would be re-entries of the hold ctx carries: terms
-		// without end, none of them a campaign.
-		return fmt.Errorf("%w: Lead of %q in the scope of a hold of it (a Do's or a Lead's f): end that hold first", ErrInvalidArgument, name)
-	}
 	m := NewMutex(s, name)
+	if st := m.lookup(); st != nil && st.reenters(ctx) {
+		// Its campaigns would be re-entries of a hold this goroutine, or
+		// ctx's scope, has: terms without end, none of them a campaign.
+		return fmt.Errorf("%w: Lead of %q within a hold of it (held by this goroutine, or in a Do's or a Lead's f): end that hold first", ErrInvalidArgument, name)
+	}
 	pace := newBackoff()  // between campaigns
 	retry := newBackoff() // after a campaign that failed
 	for {

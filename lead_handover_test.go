@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/handover"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -546,17 +547,43 @@ func TestHandOverToSelf(t *testing.T) {
 func TestLeadInScope(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
-	ctx := testContext(t)
-	name := lockName(t)
-	s := newSession(t, client)
-	err := etcdlock.NewMutex(s, name).Do(ctx, func(ctx context.Context) error {
+	lead := func(ctx context.Context, s *etcdlock.Session, name string) error {
 		return s.Lead(ctx, name, func(context.Context) error {
-			t.Error("f ran in the scope of a hold of its name")
+			t.Error("f ran within a hold of its name")
 			return nil
 		})
-	})
-	if !errors.Is(err, etcdlock.ErrInvalidArgument) {
-		t.Errorf("Session.Lead in a Do of the same name: got %v, want ErrInvalidArgument", err)
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(ctx context.Context, s *etcdlock.Session, name string) error
+	}{
+		{"in a Do of the name", func(ctx context.Context, s *etcdlock.Session, name string) error {
+			return etcdlock.NewMutex(s, name).Do(ctx, func(ctx context.Context) error { return lead(ctx, s, name) })
+		}},
+		{"in a Do of another name, in a Do of the name", func(ctx context.Context, s *etcdlock.Session, name string) error {
+			return etcdlock.NewMutex(s, name).Do(ctx, func(ctx context.Context) error {
+				return etcdlock.NewMutex(s, name+"-other").Do(ctx, func(ctx context.Context) error { return lead(ctx, s, name) })
+			})
+		}},
+		{"by the goroutine that holds the name", func(ctx context.Context, s *etcdlock.Session, name string) error {
+			m := etcdlock.NewMutex(s, name)
+			if err := m.LockContext(ctx); err != nil {
+				return err
+			}
+			defer func() { _ = m.UnlockContext(ctx) }()
+			return lead(ctx, s, name)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, name := testContext(t), lockName(t)
+			s := newSession(t, client)
+			if err := tc.run(ctx, s, name); !errors.Is(err, etcdlock.ErrInvalidArgument) {
+				t.Errorf("Session.Lead %s: got %v, want ErrInvalidArgument", tc.name, err)
+			}
+			if n, err := client.Get(ctx, handover.TermKey(name)); err != nil || n.Count != 0 {
+				t.Errorf("a term counted in etcd: %v, %v", n, err)
+			}
+		})
 	}
 }
 

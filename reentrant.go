@@ -215,6 +215,16 @@ type scopeKey struct{ st *lockState }
 
 // scopeOf returns the open scope ctx carries for the lock, nil if none. st.mu
 // must be held.
+// reenters reports whether an acquisition by the calling goroutine with ctx
+// would re-enter a hold of the lock, as enter decides: the goroutine owns
+// it, or ctx is in the scope of a Do's f.
+func (st *lockState) reenters(ctx context.Context) bool {
+	gid := goid.Get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.owner != 0 && st.owner == gid || st.scopeOf(ctx) != nil
+}
+
 func (st *lockState) scopeOf(ctx context.Context) *scope {
 	if len(st.scopes) == 0 {
 		return nil
