@@ -84,8 +84,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // that a client never sees a success whose write did not commit; a
 // streaming response arrives whole at the end. A response of Next with a
 // status of 400 or more is sent without committing (an SQLStore rolls back
-// Next's writes and the admission of its token; a Memory forgets the
-// token). Guard with Handler the
+// Next's writes and the admission of its token; a Memory keeps the token,
+// as the resource it guards may keep part of the writes). Guard with
+// Handler the
 // routes that write and the reads that a write depends on: a holder's late
 // write can land between the next holder's unfenced read and its write,
 // and undo it (docs/reliability.md, "Fencing at the resource").

@@ -191,6 +191,43 @@ func TestHandlerErrorRollsBack(t *testing.T) {
 	}
 }
 
+// A fence the Store cannot take (a lock name longer than SQLStore's table
+// holds) is 400, not a 503 that a client would retry; nothing is admitted.
+func TestHandlerFenceTooLong(t *testing.T) {
+	t.Parallel()
+	db := sqliteDB(t)
+	table := fence.Table{}
+	if err := table.Create(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	srv := httptest.NewServer(&fence.Handler{Store: fence.SQLStore{DB: db}, Next: rec})
+	defer srv.Close()
+	name := strings.Repeat("n", 300)
+	if status, body, _ := send(t, srv.URL, fenceOf(name, 5).String()); status != http.StatusBadRequest || !strings.Contains(body, "at most") {
+		t.Fatalf("a fence of a %d-byte lock name: got %d %q, want 400", len(name), status, body)
+	}
+	if got := rec.served(); len(got) != 0 {
+		t.Fatalf("the handler served %v, want nothing", got)
+	}
+}
+
+// Memory admits a token whatever its work does: work that failed may have
+// written part of its change, which an older holder must not write over.
+func TestMemoryKeepsTokenOfFailedWork(t *testing.T) {
+	t.Parallel()
+	var m fence.Memory
+	if err := m.Do(t.Context(), fenceOf("orders", 9), func(context.Context) error { return errors.New("half written") }); err == nil {
+		t.Fatal("the work's error was not returned")
+	}
+	if h := m.Highest("orders"); h != 9 {
+		t.Fatalf("highest after failed work: got %d, want 9", h)
+	}
+	if err := m.Do(t.Context(), fenceOf("orders", 5), func(context.Context) error { return nil }); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("an older token after the failed work: got %v, want ErrStale", err)
+	}
+}
+
 // Requests of one lock race, each with the token of its turn: the handler
 // serves one at a time, in token order, and refuses the stale ones.
 func TestHandlerConcurrent(t *testing.T) {

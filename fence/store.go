@@ -65,15 +65,11 @@ func (m *Memory) Do(ctx context.Context, f etcdlock.Fence, work func(ctx context
 	if f.Token < l.highest {
 		return stale(f, l.highest)
 	}
-	// As SQLStore's transaction: work that fails leaves no trace, the
-	// token it was admitted with included.
-	before := l.highest
+	// Admitted, whatever the work does: unlike SQLStore's transaction, the
+	// work may have written part of its change before it failed, and an
+	// older holder must not write over that.
 	l.highest = f.Token
-	err := work(ctx)
-	if err != nil {
-		l.highest = before
-	}
-	return err
+	return work(ctx)
 }
 
 // Highest returns the highest token accepted for the lock name, 0 if none
