@@ -173,10 +173,11 @@ func oneLimit(name string, members []*mvccpb.KeyValue) (int, error) {
 }
 
 // ReadLimit returns the limit in force of the semaphore called name: its
-// record's (SetLimit), else the limit its oldest key was made with, else 0
-// (no record, and no permit's key: the next acquisition's own limit). It is
-// one read,
-// and writes nothing; it returns Inspect's errors.
+// record's (SetLimit), else the limit its keys were made with, else 0 (no
+// record, and no key: the next acquisition's own limit). With no record, a
+// key that is no permit's (a Mutex's) or permits of different limits are
+// ErrLimitMismatch, wrapped. It is one read, and writes nothing; it returns
+// Inspect's errors.
 func ReadLimit(ctx context.Context, client *clientv3.Client, name string) (int, error) {
 	if err := validateClient(ctx, client, name); err != nil {
 		return 0, err
@@ -192,11 +193,11 @@ func ReadLimit(ctx context.Context, client *clientv3.Client, name string) (int, 
 		}
 		return l.N, nil
 	}
-	if members := permitsOf(name+"/", kvs); len(members) > 0 {
-		limit, _, _, _ := queue.ParseSemaphoreValue(members[0].Value)
-		return limit, nil
+	limit, err := oneLimit(name, permitsOf(name+"/", kvs))
+	if err != nil {
+		return 0, errorf("read limit", name, err)
 	}
-	return 0, nil
+	return limit, nil
 }
 
 // permitsOf returns the keys of kvs in the queue with prefix pfx (not a

@@ -18,7 +18,8 @@ limit: every holder of NAME, made with any limit, then admits permits while
 they fit within N. Holders above a lowered limit keep their permits; new
 acquisitions wait until the permits held fit within it. A raised limit
 admits waiters at once. The record stays until it is deleted by hand
-(etcdctl del etcdlock.limit.NAME, "/" in NAME written %2F); every holder must run etcdlock v1.1 or
+(etcdctl del etcdlock.limit.NAME, "/" and "%" in NAME written %2F and
+%25); every holder must run etcdlock v1.1 or
 later.
 
 Exit statuses: 0 shown or set; 64 usage (N not a positive integer); 65 the
@@ -71,6 +72,8 @@ func limitCommand(args []string, sio stdio) error {
 	}
 	n, err := etcdlock.ReadLimit(qctx, cli, name)
 	switch {
+	case errors.Is(err, etcdlock.ErrLimitMismatch):
+		return withStatus(exitDataErr, err)
 	case err != nil:
 		return c.failed(err)
 	case n == 0:

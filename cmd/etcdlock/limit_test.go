@@ -76,7 +76,13 @@ func TestLimit(t *testing.T) {
 	if err := m.LockContext(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	runCLI(t, nil, "limit", "--endpoints", ep, name+"/m", "2").want(t, exitDataErr)
+	for _, args := range [][]string{{name + "/m", "2"}, {name + "/m"}} {
+		r := runCLI(t, nil, append([]string{"limit", "--endpoints", ep}, args...)...)
+		r.want(t, exitDataErr)
+		if strings.Contains(r.stderr, "etcdlock: etcdlock:") || !strings.Contains(r.stderr, "no permit's") {
+			t.Fatalf("limit %q of a Mutex's queue: stderr %q, want one prefix and the key that is no permit's", args, r.stderr)
+		}
+	}
 	for _, args := range [][]string{
 		{"limit", "--endpoints", ep},
 		{"limit", "--endpoints", ep, name, "0"},

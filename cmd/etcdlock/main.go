@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 )
 
 // Exit statuses of etcdlock itself. run passes its command's status through,
@@ -131,11 +132,11 @@ func report(err error, sio stdio) int {
 	}
 	if se, ok := errors.AsType[*statusError](err); ok {
 		if se.err != nil {
-			fmt.Fprintf(sio.err, "etcdlock: %v\n", se.err)
+			fmt.Fprintln(sio.err, "etcdlock: "+strings.TrimPrefix(se.err.Error(), "etcdlock: "))
 		}
 		return se.code
 	}
-	fmt.Fprintf(sio.err, "etcdlock: %v\n", err)
+	fmt.Fprintln(sio.err, "etcdlock: "+strings.TrimPrefix(err.Error(), "etcdlock: "))
 	return exitFailed
 }
 
