@@ -19,8 +19,7 @@ they fit within N. Holders above a lowered limit keep their permits; new
 acquisitions wait until the permits held fit within it. A raised limit
 admits waiters at once. The record stays until it is deleted by hand
 (etcdctl del etcdlock.limit.NAME, "/" and "%" in NAME written %2F and
-%25); every holder must run etcdlock v1.1 or
-later.
+%25); every holder must run etcdlock v1.1 or later.
 
 Exit statuses: 0 shown or set; 64 usage (N not a positive integer); 65 the
 queue of NAME is not a Semaphore's of one limit, or more than 120 keys hold
