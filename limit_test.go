@@ -95,7 +95,7 @@ func TestSetLimitLower(t *testing.T) {
 // holder left, 3 permits held at limit 1.)
 func TestSetLimitLowerWhileWaiting(t *testing.T) {
 	testflags.Parallel(t)
-	_, client := startServer(t)
+	srv, client := startServer(t)
 	ctx := testContext(t)
 	name := lockName(t)
 	var held []*etcdlock.Permit
@@ -106,14 +106,39 @@ func TestSetLimitLowerWhileWaiting(t *testing.T) {
 		}
 		held = append(held, p)
 	}
+	watches := &watchRecorder{rev: func() int64 { return 0 }, prefix: serverPrefix(t, srv)}
+	wc := serverClient(t, srv, nil, watches.intercept)
 	var waiters []<-chan permitResult
 	for i := range 2 {
-		waiters = append(waiters, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(time.Minute)), name, 4)))
+		waiters = append(waiters, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, wc, etcdlock.WithTTL(time.Minute)), name, 4)))
 		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == len(held)+i+1 })
 	}
-	time.Sleep(ownWait) // both watch the queue
+	eventually(t, "both waiters watch the queue", func() bool {
+		n := 0
+		for _, c := range watches.list() {
+			n += btoi(c.created != 0 && c.key == watches.prefix+name+"/")
+		}
+		return n == 2
+	})
+	before, err := queueKeys(ctx, client, name)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := etcdlock.SetLimit(ctx, client, name, 1); err != nil {
 		t.Fatalf("SetLimit(1): %v", err)
+	}
+	// The touch puts each waiter's key again, its value and lease kept.
+	after, err := queueKeys(ctx, client, name)
+	if err != nil || len(after) != len(before) {
+		t.Fatalf("keys after SetLimit: %v, %v", after, err)
+	}
+	for i, kv := range after {
+		was := before[i]
+		touched := i >= len(held)
+		if kv.CreateRevision != was.CreateRevision || kv.Lease != was.Lease || string(kv.Value) != string(was.Value) || (kv.Version > was.Version) != touched {
+			t.Errorf("key %s after SetLimit: lease %x value %q version %d; was lease %x value %q version %d (touched: %v)",
+				kv.Key, kv.Lease, kv.Value, kv.Version, was.Lease, was.Value, was.Version, touched)
+		}
 	}
 	for len(held) > 1 {
 		release(t, held[0])

@@ -67,23 +67,3 @@ func TestFollow(t *testing.T) {
 		})
 	}
 }
-
-// TestTouch: SetLimit's touch of a waiter's key puts it again only if it is
-// still there at its create revision, with its value and lease kept.
-func TestTouch(t *testing.T) {
-	op := Touch("l/a", 7)
-	if !op.IsTxn() {
-		t.Fatal("Touch is not a nested Txn")
-	}
-	cmps, thens, elses := op.Txn()
-	if len(cmps) != 1 || len(thens) != 1 || len(elses) != 0 {
-		t.Fatalf("Touch: %d compares, %d then, %d else; want 1, 1, 0", len(cmps), len(thens), len(elses))
-	}
-	if c := cmps[0]; string(c.KeyBytes()) != "l/a" || c.ValueBytes() != nil {
-		t.Errorf("Touch's compare: %+v", c)
-	}
-	put := thens[0]
-	if !put.IsPut() || string(put.KeyBytes()) != "l/a" || len(put.ValueBytes()) != 0 {
-		t.Errorf("Touch's put: %+v", put)
-	}
-}
