@@ -3,6 +3,9 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -564,61 +567,101 @@ func TestFamilyWatchCompacted(t *testing.T) {
 	})
 }
 
-// TestWaitWatchKeepsFailing: a waiter whose every watch fails (each served
-// from a compacted revision) reads its place after each failure, and waits
-// longer before each new watch, up to its TTL: in 3 s, a handful of reads,
-// not one every 100 ms. It still takes the lock once the holder goes, from
-// those reads.
+// TestWaitWatchKeepsFailing: a waiter whose watches keep failing (each
+// served from a compacted revision) reads its place after each failure and
+// waits longer before each new watch: 100 ms, doubled with each failure in
+// a row, up to its TTL. Judged by when etcd was asked for each watch (a
+// loaded machine only stretches the gaps), for a Mutex's wait, whose every
+// watch fails, and for a Semaphore's waiter near the head, whose watch of
+// the limit record fails. The waiter still takes the lock once the holder
+// goes.
 func TestWaitWatchKeepsFailing(t *testing.T) {
 	testflags.Parallel(t)
 	srv, client := startServer(t)
-	ctx, name := testContext(t), lockName(t)
-	holder := etcdlock.NewMutex(newSession(t, client), name)
-	if err := holder.LockContext(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Compact(ctx, revision(t, client)); err != nil {
-		t.Fatal(err)
-	}
-	var txns txnKinds
-	wc := serverClient(t, srv, txns.intercept, fromCompacted)
-	waiter := lockInGoroutine(t, ctx, oursOn(newSession(t, wc, etcdlock.WithTTL(2*time.Second)), name))
-	time.Sleep(3 * time.Second)
-	// Watches at 0, 0.1, 0.3, 0.7, 1.5 s (pauses of 0.1, 0.2, 0.4, 0.8,
-	// 1.6 s), a read as each fails, and the read per TTL: about 6 (5
-	// measured; 16 with a pause of 100 ms each time).
-	if reads := txns.reads.Load(); reads > 10 {
-		t.Errorf("reads in 3 s of failing watches: got %d, want about 6", reads)
-	}
-	if err := holder.UnlockContext(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := waitErr(t, waiter.locked); err != nil {
-		t.Fatalf("the waiter whose watches fail: %v", err)
-	}
-	if err := waiter.Release(); err != nil {
-		t.Fatal(err)
+	const ttl = 2 * time.Second
+	for _, tc := range []struct {
+		name   string
+		holder func(s *etcdlock.Session, name string) famLock
+		fails  func(key, name string, from int64) bool // the watches that fail
+	}{
+		// The wait's watch, from now (not the own key's, from its creation).
+		{"Mutex", openMutex, func(key, name string, from int64) bool { return strings.HasPrefix(key, name+"/") && from == 0 }},
+		{"Semaphore's record", openSemaphore(1), func(key, name string, _ int64) bool { return key == queue.LimitKey(name) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, name := testContext(t), lockName(t)
+			holder := tc.holder(newSession(t, client), name)
+			mustLock(t, holder)
+			if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Compact(ctx, revision(t, client)); err != nil {
+				t.Fatal(err)
+			}
+			prefix := serverPrefix(t, srv)
+			w := &failingWatches{fails: func(key string, from int64) bool { return tc.fails(strings.TrimPrefix(key, prefix), name, from) }}
+			wc := serverClient(t, srv, nil, w.intercept)
+			waiter := lockInGoroutine(t, ctx, famLocker{tc.holder(newSession(t, wc, etcdlock.WithTTL(ttl)), name)})
+			time.Sleep(3 * time.Second)
+			if err := holder.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitErr(t, waiter.locked); err != nil {
+				t.Fatalf("the waiter whose watches fail: %v", err)
+			}
+			if err := waiter.Release(); err != nil {
+				t.Fatal(err)
+			}
+			at := w.times()
+			t.Logf("failing watches asked for at %v", at)
+			if len(at) < 4 {
+				t.Fatalf("failing watches: got %d in 3 s, want at least 4", len(at))
+			}
+			for i := 1; i < 4; i++ {
+				// The pause before the i-th watch, less the slack of a timer.
+				want := min(100*time.Millisecond<<(i-1), ttl) * 9 / 10
+				if gap := at[i].Sub(at[i-1]); gap < want {
+					t.Errorf("watch %d asked for %v after the one before, want at least %v (pauses that grow)", i, gap, want)
+				}
+			}
+		})
 	}
 }
 
-// fromCompacted serves every watch a client creates from revision 1, which
-// a compaction has removed: each fails at once.
-func fromCompacted(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+// failingWatches serves the watches fails picks (by key and start
+// revision) from revision 1, which a compaction has removed, so that each
+// fails at once, and records when each was asked for.
+type failingWatches struct {
+	fails func(key string, from int64) bool
+	mu    sync.Mutex
+	at    []time.Time
+}
+
+func (w *failingWatches) times() []time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.at)
+}
+
+func (w *failingWatches) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	cs, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil || method != "/etcdserverpb.Watch/Watch" {
 		return cs, err
 	}
-	return compactedStream{cs}, nil
+	return &failingStream{ClientStream: cs, w: w}, nil
 }
 
-type compactedStream struct{ grpc.ClientStream }
+type failingStream struct {
+	grpc.ClientStream
+	w *failingWatches
+}
 
-func (s compactedStream) SendMsg(m any) error {
+func (s *failingStream) SendMsg(m any) error {
 	if req, ok := m.(*pb.WatchRequest); ok {
-		if cr := req.GetCreateRequest(); cr != nil {
+		if cr := req.GetCreateRequest(); cr != nil && s.w.fails(string(cr.Key), cr.StartRevision) {
+			s.w.mu.Lock()
+			s.w.at = append(s.w.at, time.Now())
+			s.w.mu.Unlock()
 			cr = proto.Clone(cr).(*pb.WatchCreateRequest)
 			cr.StartRevision = 1
 			m = &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: cr}}

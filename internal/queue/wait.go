@@ -47,6 +47,7 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 	// failed: 0 if it did not; it doubles with each failure in a row, up to
 	// the TTL, so that a watch etcd keeps refusing costs a read a TTL.
 	var pause time.Duration
+	var recordPause time.Duration // the same, for the watch of the limit record
 	for p.verdict == blocked {
 		if pause > 0 {
 			select {
@@ -101,14 +102,19 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 			case wr, ok := <-record:
 				switch {
 				case !ok || wr.Err() != nil || wr.Canceled:
-					// Compacted, or failed: open it again after a pause,
+					// Compacted, or failed: open it again after a pause
+					// (doubled with each failure in a row, up to the TTL),
 					// from now, and read once it is open.
 					record, recordBroken = nil, true
+					recordPause = min(max(2*recordPause, ownWatchDelay), t.c.TTL)
 					if rctx.Err() == nil {
-						recordTimer.Reset(ownWatchDelay)
+						recordTimer.Reset(recordPause)
 						recordAfter = recordTimer.C
 					}
 				case wr.Created || len(After(wr.Events, p.seen)) > 0:
+					if len(wr.Events) > 0 {
+						recordPause = 0 // the watch works
+					}
 					next, err = t.read(ctx)
 					next = changed(p, next)
 				}
