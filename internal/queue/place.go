@@ -37,7 +37,6 @@ type place struct {
 	verdict verdict
 	seen    int64  // the revision of the read
 	watch   string // what to watch while blocked
-	puts    bool   // also wake on a put of watch (a semaphore's waiter: a touch, or its predecessor's admission)
 	next    bool   // a key is queued behind ours
 	ahead   int    // a semaphore's: how many older keys wait
 	// turn: a semaphore's waiter near the head counts its turn from the
@@ -229,9 +228,9 @@ func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int
 	case holds:
 		return heldAt(seen), nil
 	case waiting < NearHead:
-		return place{verdict: blocked, seen: seen, watch: r.blocking, puts: true, ahead: waiting, turn: u}, nil
+		return place{verdict: blocked, seen: seen, watch: r.blocking, ahead: waiting, turn: u}, nil
 	default:
-		return place{verdict: blocked, seen: seen, watch: string(last.Key), puts: true, ahead: waiting}, nil
+		return place{verdict: blocked, seen: seen, watch: string(last.Key), ahead: waiting}, nil
 	}
 }
 
@@ -239,7 +238,7 @@ func (r *Rule) count(kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev, seen int
 // otherwise the unchanged verdict: nothing to do but go on waiting. A
 // waiter that counts its turn goes on from what next read.
 func changed(p, next place) place {
-	if next.verdict == blocked && next.watch == p.watch && (next.turn == nil) == (p.turn == nil) && next.puts == p.puts && next.owner == p.owner {
+	if next.verdict == blocked && next.watch == p.watch && (next.turn == nil) == (p.turn == nil) && next.owner == p.owner {
 		if p.turn != nil && next.turn != nil {
 			*p.turn = *next.turn
 		}

@@ -93,7 +93,7 @@ func TestPlaceSemaphore(t *testing.T) {
 	p4 := func(key string, create int64, w int) *mvccpb.KeyValue { return permit(key, create, 4, w) }
 	// A waiter near the head counts its turn from the prefix's events.
 	near := func(ahead int) place {
-		return place{verdict: blocked, seen: seen, watch: "l/", puts: true, ahead: ahead}
+		return place{verdict: blocked, seen: seen, watch: "l/", ahead: ahead}
 	}
 	head := near(0)
 	// queue returns the keys of 2 holders and n waiters of limit 2.
@@ -119,7 +119,7 @@ func TestPlaceSemaphore(t *testing.T) {
 		{"three older: one waits ahead, near the head", "sem2", keys(p("l/b", 7), p("l/c", 8), p("l/d", 9)), keys(), nil, near(1), nil},
 		{"7 wait ahead: near the head", "sem2", queue(7), keys(), nil, near(7), nil},
 		{"8 wait ahead: watch the predecessor's admission", "sem2", queue(8), keys(), nil,
-			place{verdict: blocked, seen: seen, watch: "l/k09", puts: true, ahead: 8}, nil},
+			place{verdict: blocked, seen: seen, watch: "l/k09", ahead: 8}, nil},
 		{"a key behind ours", "sem2", keys(p("l/b", 7)), keys(kv("l/e", 22)), nil, place{verdict: held, seen: seen, next: true}, nil},
 		{"nested keys do not count", "sem2", keys(p("l/b", 7), kv("l/x/c", 8), kv("l/x/d", 9)), keys(), nil, heldAt(seen), nil},
 		{"another limit", "sem2", keys(permit("l/b", 7, 3, 1)), keys(), nil, place{}, errLimit},
@@ -259,7 +259,7 @@ func TestPlaceFirst(t *testing.T) {
 		{"the oldest is a member: blocked by it", "mutex", keys(kv("l/b", 7)), place{verdict: blocked, seen: seen, watch: "l/b"}},
 		{"the oldest is nested: unread", "mutex", keys(kv("l/x/b", 7)), place{}},
 		{"semaphore: one of two", "sem2", keys(permit("l/b", 7, 2, 1)), heldAt(seen)},
-		{"semaphore: full", "sem2", keys(permit("l/b", 7, 2, 1), permit("l/c", 8, 2, 1)), place{verdict: blocked, seen: seen, watch: "l/", puts: true}},
+		{"semaphore: full", "sem2", keys(permit("l/b", 7, 2, 1), permit("l/c", 8, 2, 1)), place{verdict: blocked, seen: seen, watch: "l/"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			replies := ranges(tc.kvs)

@@ -200,7 +200,9 @@ func (t *Ticket) watch(ctx context.Context, p place) clientv3.WatchChan {
 	if p.turn != nil {
 		opts = append(opts, clientv3.WithPrefix())
 	}
-	if !p.puts {
+	if t.rule.limit == 0 {
+		// A lock's waiter wakes on deletes only; a semaphore's also on a put:
+		// SetLimit's touch, or its predecessor's admission.
 		opts = append(opts, clientv3.WithFilterPut())
 	}
 	return t.c.Watcher.Watch(ctx, p.watch, opts...)
