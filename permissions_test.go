@@ -279,3 +279,45 @@ func TestLeadPermissions(t *testing.T) {
 		t.Errorf("keys after Lead returned: got %q, want none", keys)
 	}
 }
+
+// TestSetLimitPermissions: SetLimit reads the queue and writes the record,
+// and, where keys wait, puts the first waiters' keys again: a role with
+// read on name/ and read and write on the record sets a limit while no key
+// waits, and gets etcd's refusal, writing nothing, once one does; with
+// write on name/ too, the limit is set and the waiter admitted.
+func TestSetLimitPermissions(t *testing.T) {
+	testflags.Parallel(t)
+	name := "perm/" + t.Name()
+	env := authServer(t,
+		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermRead)),
+		permission{queue.LimitKey(name), "", clientv3.PermissionType(clientv3.PermReadWrite)})
+	root, user := env.root, env.user
+	ctx := testContext(t)
+	holder, err := etcdlock.NewSemaphore(newSession(t, root), name, 1).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdlock.SetLimit(ctx, user, name, 1); err != nil {
+		t.Fatalf("SetLimit with no waiter: %v", err)
+	}
+	waiter := acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, root), name, 1))
+	eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, root, name)) == 2 })
+	if err := etcdlock.SetLimit(ctx, user, name, 2); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("SetLimit with a waiter, no write on %s/: got %v, want permission denied", name, err)
+	}
+	if n, err := etcdlock.ReadLimit(ctx, root, name); err != nil || n != 1 {
+		t.Fatalf("the limit after the refusal: got %d, %v, want 1", n, err)
+	}
+	if !waiting(waiter, 200*time.Millisecond) {
+		t.Fatal("the waiter got in at limit 1")
+	}
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	if _, err := root.RoleGrantPermission(ctx, env.role, name+"/", clientv3.GetPrefixRangeEnd(name+"/"), rw); err != nil {
+		t.Fatal(err)
+	}
+	if err := etcdlock.SetLimit(ctx, user, name, 2); err != nil {
+		t.Fatalf("SetLimit with write on %s/: %v", name, err)
+	}
+	release(t, admitted(t, waiter))
+	release(t, holder)
+}
