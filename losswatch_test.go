@@ -119,8 +119,6 @@ func TestLossWatchCosts(t *testing.T) {
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if c, ok := classify(method, req); ok && c == callLossRead {
 			reads.Add(1)
-		} else if method == txnMethod && len(req.(*pb.TxnRequest).Compare) > 0 && len(req.(*pb.TxnRequest).Success) == 0 {
-			reads.Add(1) // a keyThere of one hold, before the loss watch
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
@@ -398,8 +396,10 @@ func TestLossWatchPermissions(t *testing.T) {
 	if _, ok := closedWithin(dones[0], doneBound); !ok {
 		t.Errorf("Done %v after the other key was deleted: got open, want closed", doneBound)
 	}
-	if n := reads.Load(); n > 0 {
-		t.Errorf("the loss watch's reads within a TTL: got %d, want none (its watches alone)", n)
+	// One read at most: where the loss watch took a's Done before b's, it
+	// watched a's key alone, and b's widened the watch, from a full read.
+	if n := reads.Load(); n > 1 {
+		t.Errorf("the loss watch's reads within a TTL: got %d, want at most one (its watches alone)", n)
 	}
 	for _, m := range []*etcdlock.Mutex{ma, mb} {
 		if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {

@@ -55,8 +55,8 @@ func capTimer(since time.Time, d time.Duration, f func()) *time.Timer {
 // dropCapped deletes the key of t, whose hold reached its cap, fenced on
 // its create revision, once the hold's loss signal has closed. ctx ends
 // when the holder's unlock ends the hold (whose delete then does the work)
-// or when the lease term ends (which deletes the key). A delete etcd does not confirm otherwise is retried in the
-// background.
+// or when the lease term ends (which deletes the key). A delete etcd does
+// not confirm otherwise is retried in the background.
 func dropCapped(ctx context.Context, t *ticket) {
 	dctx, cancel := context.WithTimeout(ctx, unlockTimeout)
 	_, err := t.Delete(dctx)

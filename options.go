@@ -132,8 +132,8 @@ func WithRenewal() SessionOption {
 // A cap makes a lock safe only with fencing: a holder that hangs past d and
 // then writes is no longer alone, so the resource must refuse its token or
 // the write be guarded by IsOwner. A hold handed on within the Session
-// (WithLocalHandoff) counts d from the hand-off. The cap has the loss
-// watch of the lease watch the hold (as Done does) from its acquisition.
+// (WithLocalHandoff) counts d from the hand-off. With a cap, the lease
+// term's loss watch watches the hold from its acquisition, as Done does.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
