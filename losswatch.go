@@ -148,6 +148,19 @@ func (w *lossWatch) capReached(sub lossSubject) {
 	}
 }
 
+// dropped drops the subjects of notes, and returns the notes of those it
+// dropped: a subject noted twice (a hold of several keys deleted together)
+// is lost once. w.mu must be held.
+func (w *lossWatch) dropped(notes []lossNote) []lossNote {
+	kept := notes[:0]
+	for _, n := range notes {
+		if w.drop(n.sub) {
+			kept = append(kept, n)
+		}
+	}
+	return kept
+}
+
 // drop forgets sub, with w.mu held; it reports whether sub was watched.
 func (w *lossWatch) drop(sub lossSubject) bool {
 	if _, ok := w.subjects[sub]; !ok {
@@ -497,7 +510,6 @@ func (r *lossRun) watched(st *lossStream, res watched) {
 	}
 	w := r.w
 	var lost []lossNote
-	noted := make(map[lossSubject]bool) // a hold of several keys is lost once
 	w.mu.Lock()
 	for _, ev := range wr.Events {
 		if ev.Kv == nil {
@@ -510,15 +522,12 @@ func (r *lossRun) watched(st *lossStream, res watched) {
 		for _, sub := range w.byKey[string(ev.Kv.Key)] {
 			// Events at or before its creation are an earlier key of the
 			// same name, from a watch served by a member that lags.
-			if ev.Kv.ModRevision > sub.lossToken() && !noted[sub] {
-				noted[sub] = true
+			if ev.Kv.ModRevision > sub.lossToken() {
 				lost = append(lost, lossNote{sub, LossKeyDeleted})
 			}
 		}
 	}
-	for _, n := range lost {
-		w.drop(n.sub)
-	}
+	lost = w.dropped(lost)
 	w.mu.Unlock()
 	r.lose(lost)
 }
@@ -599,7 +608,6 @@ func readHeld(ctx context.Context, tm lossTerm, keys []string) []readAt {
 func (r *lossRun) judge(got lossRead) {
 	w := r.w
 	var lost []lossNote
-	noted := make(map[lossSubject]bool) // a hold of several keys is lost once
 	complete := true
 	var oldest int64
 	w.mu.Lock()
@@ -614,15 +622,12 @@ func (r *lossRun) judge(got lossRead) {
 		}
 		for _, sub := range w.byKey[k] {
 			// A subject created after the read is not judged by it.
-			if tok := sub.lossToken(); tok <= at.rev && at.create != tok && !noted[sub] {
-				noted[sub] = true
+			if tok := sub.lossToken(); tok <= at.rev && at.create != tok {
 				lost = append(lost, lossNote{sub, LossKeyDeleted})
 			}
 		}
 	}
-	for _, n := range lost {
-		w.drop(n.sub)
-	}
+	lost = w.dropped(lost)
 	w.mu.Unlock()
 	r.lose(lost)
 	switch {
@@ -646,9 +651,7 @@ func (r *lossRun) loseAll(why LossReason) {
 	for sub := range w.subjects {
 		lost = append(lost, lossNote{sub, why})
 	}
-	for _, n := range lost {
-		w.drop(n.sub)
-	}
+	lost = w.dropped(lost)
 	w.mu.Unlock()
 	r.lose(lost)
 }
