@@ -44,8 +44,8 @@ const maxLimitKeys = 120
 //
 // It returns ErrInvalidName for the empty name; ErrInvalidArgument, wrapped,
 // for a nil context or client or a limit below 1, and for a lowering while
-// more than 120 keys hold (more than one Txn can guard); ErrLimitMismatch,
-// wrapped, when no limit is recorded and the queue's keys are not all
+// the holders and the first waiter are more than 120 keys (more than one
+// Txn can guard); ErrLimitMismatch, wrapped, when no limit is recorded and the queue's keys are not all
 // permits of one limit (a Mutex's, or Semaphores made with different
 // limits); etcd's error, or ctx's, wrapped, where the record may or may
 // not have been written (ReadLimit tells).

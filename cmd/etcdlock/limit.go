@@ -22,8 +22,8 @@ admits waiters at once. The record stays until it is deleted by hand
 %25); every holder must run etcdlock v1.1 or later.
 
 Exit statuses: 0 shown or set; 64 usage (N not a positive integer); 65 the
-queue of NAME is not a Semaphore's of one limit, or more than 120 keys hold
-(too many to lower the limit under); 69 etcd unreachable or refused us, or
+queue of NAME is not a Semaphore's of one limit, or its holders and first
+waiter are more than 120 keys (too many to lower the limit under); 69 etcd unreachable or refused us, or
 no quiet moment to lower the limit in within 5 s; 130 interrupted.
 `
 
