@@ -6,14 +6,18 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/queue"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
@@ -325,7 +329,7 @@ func TestSetLimitChurn(t *testing.T) {
 // stayed waiting under a raised limit until its read per TTL (a minute).
 func TestSetLimitRaiseRaces(t *testing.T) {
 	testflags.Parallel(t)
-	_, client := startServer(t)
+	srv, client := startServer(t)
 	sem := func(name string, limit int) *etcdlock.Semaphore {
 		return etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(time.Minute)), name, limit)
 	}
@@ -336,7 +340,7 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 			t.Fatal(err)
 		}
 		var w <-chan permitResult
-		hc := beforeWrite(ctx, client, func() {
+		hc := beforeWrite(t, srv, name, func() {
 			w = acquireInGoroutine(ctx, sem(name, 1))
 			eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
 		})
@@ -356,7 +360,7 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 		eventually(t, "the first waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
 		var p1 *etcdlock.Permit
 		var w2 <-chan permitResult
-		hc := beforeWrite(ctx, client, func() {
+		hc := beforeWrite(t, srv, name, func() {
 			release(t, holder)
 			p1 = admitted(t, w1)
 			w2 = acquireInGoroutine(ctx, sem(name, 1))
@@ -370,45 +374,19 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 	})
 }
 
-// beforeWrite returns a client of client's etcd whose second Txn, SetLimit's
-// write, runs before first when it is committed.
-func beforeWrite(ctx context.Context, client *clientv3.Client, before func()) *clientv3.Client {
-	c := clientv3.NewCtxClient(ctx)
-	c.KV = &hookKV{KV: client.KV, at: 2, before: before}
-	c.Watcher = client.Watcher
-	return c
-}
-
-// hookKV runs before as its at-th Txn is committed.
-type hookKV struct {
-	clientv3.KV
-	mu     sync.Mutex
-	n, at  int
-	before func()
-}
-
-func (k *hookKV) Txn(ctx context.Context) clientv3.Txn {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.n++
-	var f func()
-	if k.n == k.at {
-		f = k.before
+// beforeWrite returns a client of srv that runs before once, as it is about
+// to send the first Txn that writes the limit record of name (SetLimit's).
+func beforeWrite(t *testing.T, srv *etcdtest.Server, name string, before func()) *clientv3.Client {
+	var once sync.Once
+	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if txn, ok := req.(*pb.TxnRequest); ok {
+			for _, op := range txn.Success {
+				if put := op.GetRequestPut(); put != nil && strings.HasSuffix(string(put.Key), queue.LimitKey(name)) {
+					once.Do(before)
+				}
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	return hookTxn{k.KV.Txn(ctx), f}
-}
-
-type hookTxn struct {
-	clientv3.Txn
-	before func()
-}
-
-func (t hookTxn) If(c ...clientv3.Cmp) clientv3.Txn  { return hookTxn{t.Txn.If(c...), t.before} }
-func (t hookTxn) Then(o ...clientv3.Op) clientv3.Txn { return hookTxn{t.Txn.Then(o...), t.before} }
-func (t hookTxn) Else(o ...clientv3.Op) clientv3.Txn { return hookTxn{t.Txn.Else(o...), t.before} }
-func (t hookTxn) Commit() (*clientv3.TxnResponse, error) {
-	if t.before != nil {
-		t.before()
-	}
-	return t.Txn.Commit()
+	return serverClient(t, srv, intercept, nil)
 }
