@@ -49,12 +49,13 @@ type watched struct {
 	ok bool
 }
 
-// forward passes wch's responses to out, then its close, until ctx ends.
-func forward(ctx context.Context, wch clientv3.WatchChan, out chan<- watched) {
+// forward passes wch's responses to out, then its close, each as wrap
+// makes it, until ctx ends.
+func forward[T any](ctx context.Context, wch clientv3.WatchChan, out chan<- T, wrap func(watched) T) {
 	for {
 		wr, ok := <-wch
 		select {
-		case out <- watched{wr, ok}:
+		case out <- wrap(watched{wr, ok}):
 		case <-ctx.Done():
 			return
 		}
@@ -450,17 +451,7 @@ func (r *lossRun) watch(prefix string, from int64) {
 	client, out := r.tm.lossClient(), r.events
 	r.work.Go(func() {
 		wch := client.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithFilterPut())
-		for {
-			res, ok := <-wch
-			select {
-			case out <- streamed{st, watched{res, ok}}:
-			case <-ctx.Done():
-				return
-			}
-			if !ok {
-				return
-			}
-		}
+		forward(ctx, wch, out, func(w watched) streamed { return streamed{st, w} })
 	})
 }
 

@@ -175,7 +175,7 @@ func (h *keyHold) awaitPut(ctx context.Context, rev int64) error {
 	var wg sync.WaitGroup
 	for _, name := range names {
 		wg.Go(func() {
-			forward(wctx, h.t.s.client.Watch(wctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete()), responses)
+			forward(wctx, h.t.s.client.Watch(wctx, name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete()), responses, func(w watched) watched { return w })
 		})
 	}
 	defer wg.Wait()
