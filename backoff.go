@@ -28,8 +28,11 @@ func (b *backoff) next() time.Duration {
 }
 
 // wait pauses, or returns ctx.Err() if ctx ends first.
-func (b *backoff) wait(ctx context.Context) error {
-	t := time.NewTimer(b.next())
+func (b *backoff) wait(ctx context.Context) error { return sleep(ctx, b.next()) }
+
+// sleep pauses d, or returns ctx.Err() if ctx ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

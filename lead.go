@@ -157,18 +157,6 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 	}
 }
 
-// sleep waits d, or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // StepDown returns the error that f, run by Lead (or Session.Lead), returns
 // to end its term and not campaign again for pause: Lead releases the lock
 // once f has returned, as after a nil, so that the next candidate queued
