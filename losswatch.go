@@ -30,6 +30,9 @@ const (
 	// lossRetry is how soon a full read that failed is tried again while
 	// no watch runs.
 	lossRetry = time.Second
+	// lossRebreak is the first pause before the read that restarts watches
+	// that broke again within a TTL of their last break.
+	lossRebreak = 100 * time.Millisecond
 )
 
 // A lossTerm is what a loss watch needs of the lease term it watches for
@@ -235,6 +238,10 @@ type lossRun struct {
 	broken bool
 	breaks int
 	soon   *time.Timer // a full read again, soon, while broken and the last one failed
+	// lastBreak and inRow: when the watches last broke, and how many
+	// breaks came each within a TTL of the one before.
+	lastBreak time.Time
+	inRow     int
 
 	// The reads: one round at a time, by a goroutine of its own.
 	reading  bool
@@ -439,8 +446,23 @@ func (r *lossRun) look() {
 // breakWatch marks the watches as needing a full read, started from now
 // on, to restart them.
 func (r *lossRun) breakWatch() {
-	r.broken, r.fullDue = true, true
+	r.broken = true
 	r.breaks++
+	// Watches that fail as soon as they are opened again (refused, or
+	// compacted as they start) would cost a read of every key and a watch
+	// each time: a break within a TTL of the last one waits before its
+	// read, 100 ms doubled with each such break, up to the TTL (the period
+	// of the safety re-read, which reads meanwhile).
+	if time.Since(r.lastBreak) > r.tm.lossTTL() {
+		r.inRow = 0
+	}
+	r.lastBreak = time.Now()
+	if r.inRow == 0 {
+		r.fullDue = true
+	} else {
+		r.soon.Reset(min(lossRebreak<<min(r.inRow-1, 16), r.tm.lossTTL()))
+	}
+	r.inRow++
 }
 
 // watch opens the watch of deletes under prefix, from revision from.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -207,6 +208,56 @@ func TestLossWatchDeleteOne(t *testing.T) {
 	}
 	onlyClosed(t, "one key of 50 was deleted", dones, 17)
 	held.unlock(t, 17)
+}
+
+// TestLossWatchKeepsFailing: a loss watch whose watches fail as soon as they
+// are opened (each served from a compacted revision) reads the held key and
+// opens its watch again, waiting longer each time: judged by when etcd was
+// asked for each watch. Done stays open while the key is there, and closes
+// once it is deleted, within a TTL and Done's bound (the safety re-read).
+func TestLossWatchKeepsFailing(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	ctx, name := testContext(t), lockName(t)
+	if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Compact(ctx, revision(t, client)); err != nil {
+		t.Fatal(err)
+	}
+	prefix := serverPrefix(t, srv)
+	w := &failingWatches{fails: func(key string, _ int64) bool { return strings.HasPrefix(strings.TrimPrefix(key, prefix), name) }}
+	const ttl = 2 * time.Second
+	m := etcdlock.NewMutex(newSession(t, serverClient(t, srv, nil, w.intercept), etcdlock.WithTTL(ttl)), name)
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := m.Done()
+	time.Sleep(1500 * time.Millisecond)
+	if isClosed(done) {
+		t.Fatal("Done closed while the key is there")
+	}
+	at := w.times()
+	t.Logf("failing watches asked for at %v", at)
+	if len(at) < 4 {
+		t.Fatalf("failing watches: got %d in 1.5 s, want at least 4", len(at))
+	}
+	for i := 2; i < 4; i++ {
+		// The pause before the i-th watch, less the slack of a timer.
+		want := 100 * time.Millisecond << (i - 2) * 9 / 10
+		if gap := at[i].Sub(at[i-1]); gap < want {
+			t.Errorf("watch %d asked for %v after the one before, want at least %v (pauses that grow)", i, gap, want)
+		}
+	}
+	if _, err := client.Delete(ctx, m.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(done, ttl+doneBound); !ok {
+		t.Fatalf("Done %v after the key's delete: got open, want closed", ttl+doneBound)
+	}
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Errorf("unlock after the delete: got %v, want ErrLockLost", err)
+	}
 }
 
 // TestLossWatchOutsidePrefix: a hold whose key lies outside the prefix the
