@@ -113,9 +113,8 @@ func TestSetLimitLowerWhileWaiting(t *testing.T) {
 	watches := &watchRecorder{rev: func() int64 { return 0 }, prefix: serverPrefix(t, srv)}
 	wc := serverClient(t, srv, nil, watches.intercept)
 	var waiters []<-chan permitResult
-	for i := range 2 {
-		waiters = append(waiters, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, wc, etcdlock.WithTTL(time.Minute)), name, 4)))
-		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == len(held)+i+1 })
+	for range 2 {
+		waiters = append(waiters, queuedAcquire(t, ctx, client, name, etcdlock.NewSemaphore(newSession(t, wc, etcdlock.WithTTL(time.Minute)), name, 4)))
 	}
 	eventually(t, "both waiters watch the queue", func() bool {
 		n := 0
@@ -181,10 +180,8 @@ func TestSetLimitRaise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := acquireInGoroutine(ctx, sem(1))
-	eventually(t, "the first waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
-	b := acquireInGoroutine(ctx, sem(1))
-	eventually(t, "the second waiter's key", func() bool { return len(lockKeys(t, client, name)) == 3 })
+	a := queuedAcquire(t, ctx, client, name, sem(1))
+	b := queuedAcquire(t, ctx, client, name, sem(1))
 	if !waiting(a, 200*time.Millisecond) || !waiting(b, 0) {
 		t.Fatal("a waiter got in at limit 1")
 	}
@@ -341,8 +338,7 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 		}
 		var w <-chan permitResult
 		hc := beforeWrite(t, srv, name, func() {
-			w = acquireInGoroutine(ctx, sem(name, 1))
-			eventually(t, "the waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+			w = queuedAcquire(t, ctx, client, name, sem(name, 1))
 		})
 		if err := etcdlock.SetLimit(ctx, hc, name, 2); err != nil {
 			t.Fatalf("SetLimit(2): %v", err)
@@ -356,15 +352,13 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w1 := acquireInGoroutine(ctx, sem(name, 1))
-		eventually(t, "the first waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+		w1 := queuedAcquire(t, ctx, client, name, sem(name, 1))
 		var p1 *etcdlock.Permit
 		var w2 <-chan permitResult
 		hc := beforeWrite(t, srv, name, func() {
 			release(t, holder)
 			p1 = admitted(t, w1)
-			w2 = acquireInGoroutine(ctx, sem(name, 1))
-			eventually(t, "the second waiter's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
+			w2 = queuedAcquire(t, ctx, client, name, sem(name, 1))
 		})
 		if err := etcdlock.SetLimit(ctx, hc, name, 3); err != nil {
 			t.Fatalf("SetLimit(3): %v", err)

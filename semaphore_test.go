@@ -20,6 +20,16 @@ import (
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
+// queuedAcquire starts sem.Acquire(ctx), as acquireInGoroutine does, and
+// returns once one more key is in name's queue in etcd: its own, queued.
+func queuedAcquire(t *testing.T, ctx context.Context, client *clientv3.Client, name string, sem *etcdlock.Semaphore) <-chan permitResult {
+	t.Helper()
+	before := len(lockKeys(t, client, name))
+	ch := acquireInGoroutine(ctx, sem)
+	eventually(t, "the acquisition queued", func() bool { return len(lockKeys(t, client, name)) > before })
+	return ch
+}
+
 // acquireInGoroutine starts sem.Acquire(ctx) and returns a channel with its
 // permit (or error).
 func acquireInGoroutine(ctx context.Context, sem *etcdlock.Semaphore) <-chan permitResult {
@@ -138,10 +148,8 @@ func TestSemaphoreNoStrandedPermit(t *testing.T) {
 	}
 	a := admitted(t, acquireInGoroutine(ctx, sems[0]))
 	b := admitted(t, acquireInGoroutine(ctx, sems[1]))
-	c := acquireInGoroutine(ctx, sems[2])
-	eventually(t, "c queued", func() bool { return len(lockKeys(t, client, name)) == 3 })
-	d := acquireInGoroutine(ctx, sems[3])
-	eventually(t, "d queued", func() bool { return len(lockKeys(t, client, name)) == 4 })
+	c := queuedAcquire(t, ctx, client, name, sems[2])
+	d := queuedAcquire(t, ctx, client, name, sems[3])
 	time.Sleep(ownWait)
 	if !waiting(c, 100*time.Millisecond) || !waiting(d, 0) {
 		t.Fatal("c or d admitted while a and b hold both permits")
@@ -209,9 +217,8 @@ func TestSemaphoreNoHerd(t *testing.T) {
 		held = append(held, admitted(t, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client), name, limit))))
 	}
 	var queue []<-chan permitResult
-	for i := range waiters {
-		queue = append(queue, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, wc), name, limit)))
-		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == limit+i+1 })
+	for range waiters {
+		queue = append(queue, queuedAcquire(t, ctx, client, name, etcdlock.NewSemaphore(newSession(t, wc), name, limit)))
 	}
 	time.Sleep(ownWait)
 	before := events.n.Load()
@@ -251,10 +258,9 @@ func TestSemaphoreNearHeadNoTxn(t *testing.T) {
 		held = append(held, admitted(t, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, client), name, limit))))
 	}
 	var queued []<-chan permitResult
-	for i := range waiters {
+	for range waiters {
 		// A TTL of a minute: no safety re-read in the test's time.
-		queued = append(queued, acquireInGoroutine(ctx, etcdlock.NewSemaphore(newSession(t, wc, etcdlock.WithTTL(time.Minute)), name, limit)))
-		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == limit+i+1 })
+		queued = append(queued, queuedAcquire(t, ctx, client, name, etcdlock.NewSemaphore(newSession(t, wc, etcdlock.WithTTL(time.Minute)), name, limit)))
 	}
 	// Every waiter's watch of the queue is open, and of the limit record
 	// (after 100 ms), and a read that a watch created after its waiter's

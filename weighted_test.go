@@ -321,8 +321,7 @@ func TestAllocCancelDoesntStarve(t *testing.T) {
 		big <- permitResult{p, err}
 	}()
 	eventually(t, "the large acquisition's key", func() bool { return len(lockKeys(t, client, name)) == 2 })
-	small := acquireInGoroutine(ctx, sem())
-	eventually(t, "the small acquisition's key", func() bool { return len(lockKeys(t, client, name)) == 3 })
+	small := queuedAcquire(t, ctx, client, name, sem())
 	if !waiting(small, 300*time.Millisecond) {
 		t.Fatal("the small acquisition overtook the large one that waits before it")
 	}
