@@ -90,6 +90,15 @@ func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit i
 // read: the record keeps them, so no key may have been admitted since,
 // which the Txn guards by no key put under the prefix since the read and
 // each holder's and the first waiter's key still there.
+//
+// With no record (or a malformed one), the limit in force is the one the
+// keys were made with, and a raise depends on that too: the Txn guards it
+// by the oldest key read still being there. While it is, every key queued
+// after it was made with its limit (a Semaphore made with another refuses
+// an older key of this one while no record says the limit, and holds
+// nothing), so the keys that hold at the write's revision are those of
+// the limit read, and the raise keeps them. Once it has left, the queue
+// may hold keys of any limit, and the write waits for a new read.
 func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) (bool, error) {
 	pfx, key := name+"/", queue.LimitKey(name)
 	kvs, rec, rev, err := readKeys(ctx, client, name, true)
@@ -132,6 +141,10 @@ func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limi
 		if len(cmps) > maxLimitKeys+2 {
 			return false, fmt.Errorf("%w: cannot lower the limit of %q while %d keys hold or wait first: more than one Txn can guard; lower it when fewer hold", ErrInvalidArgument, name, len(cmps)-2)
 		}
+	} else if !recorded {
+		// A first record's raise: the limit in force is the keys' own
+		// only while the oldest key read is queued.
+		cmps = append(cmps, ownerCmp(string(members[0].Key), members[0].CreateRevision))
 	}
 	ops := []clientv3.Op{clientv3.OpPut(key, queue.Limit{N: limit, Keep: keep}.Value())}
 	touched := 0

@@ -6,6 +6,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -337,9 +338,9 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 			t.Fatal(err)
 		}
 		var w <-chan permitResult
-		hc := beforeWrite(t, srv, name, func() {
+		hc := aroundWrite(t, srv, name, func() {
 			w = queuedAcquire(t, ctx, client, name, sem(name, 1))
-		})
+		}, nil)
 		if err := etcdlock.SetLimit(ctx, hc, name, 2); err != nil {
 			t.Fatalf("SetLimit(2): %v", err)
 		}
@@ -355,11 +356,11 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 		w1 := queuedAcquire(t, ctx, client, name, sem(name, 1))
 		var p1 *etcdlock.Permit
 		var w2 <-chan permitResult
-		hc := beforeWrite(t, srv, name, func() {
+		hc := aroundWrite(t, srv, name, func() {
 			release(t, holder)
 			p1 = admitted(t, w1)
 			w2 = queuedAcquire(t, ctx, client, name, sem(name, 1))
-		})
+		}, nil)
 		if err := etcdlock.SetLimit(ctx, hc, name, 3); err != nil {
 			t.Fatalf("SetLimit(3): %v", err)
 		}
@@ -368,19 +369,131 @@ func TestSetLimitRaiseRaces(t *testing.T) {
 	})
 }
 
-// beforeWrite returns a client of srv that runs before once, as it is about
-// to send the first Txn that writes the limit record of name (SetLimit's).
-func beforeWrite(t *testing.T, srv *etcdtest.Server, name string, before func()) *clientv3.Client {
-	var once sync.Once
+// TestSetLimitFirstWrite: with no limit record, SetLimit takes the limit in
+// force from the keys' values, and a first record must keep every key that
+// holds by the rule when it lands, whatever limit its Semaphore was made
+// with. Between SetLimit's read and its write the queue empties and
+// Semaphores made with another limit take it (allowed while no record
+// says the limit): the first write must not land on the keys it read.
+// Judged in etcd: every permit that Acquire returned holds by the rule read
+// from etcd (keys and record in one Txn), and its fence checks.
+func TestSetLimitFirstWrite(t *testing.T) {
+	testflags.Parallel(t)
+	srv, client := startServer(t)
+	sem := func(name string, limit int) *etcdlock.Semaphore {
+		return etcdlock.NewSemaphore(newSession(t, client, etcdlock.WithTTL(time.Minute)), name, limit)
+	}
+	holdsByRule := func(t *testing.T, ctx context.Context, name string, ps ...*etcdlock.Permit) {
+		t.Helper()
+		holders, sum := permitsInEtcd(t, client, name, 1)
+		for _, p := range ps {
+			if !slices.Contains(holders, p.Key()) {
+				t.Errorf("%s: Acquire returned it and it was never released, but etcd's rule says it waits (holders %q, %d permits)", p.Key(), holders, sum)
+			}
+			if err := etcdlock.CheckFence(ctx, client, p.Fence()); err != nil {
+				t.Errorf("CheckFence(%s): %v", p.Key(), err)
+			}
+		}
+	}
+	// A (limit 1) holds alone; SetLimit(1) reads [A]. Before its write,
+	// A leaves, X1 and X2 (limit 2) hold and X3 (limit 2) waits near the
+	// head, counting with its own limit; X1 leaves as the write's reply
+	// comes. On the defect the record "limit=1 keep=A" landed, and X3,
+	// never touched, held beside X2 under a limit of 1.
+	t.Run("a waiter of another limit", func(t *testing.T) {
+		ctx, name := testContext(t), lockName(t)
+		a, err := sem(name, 1).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var x1, x2 *etcdlock.Permit
+		var w <-chan permitResult
+		hc := aroundWrite(t, srv, name, func() {
+			release(t, a)
+			var err error
+			if x1, err = sem(name, 2).Acquire(ctx); err != nil {
+				t.Error(err)
+			}
+			if x2, err = sem(name, 2).Acquire(ctx); err != nil {
+				t.Error(err)
+			}
+			w = queuedAcquire(t, ctx, client, name, sem(name, 2))
+		}, func() {
+			if x1 != nil {
+				release(t, x1)
+			}
+		})
+		if err := etcdlock.SetLimit(ctx, hc, name, 1); err != nil {
+			t.Fatalf("SetLimit(1): %v", err)
+		}
+		if x2 == nil {
+			t.FailNow()
+		}
+		x3 := admitted(t, w)
+		holdsByRule(t, ctx, name, x2, x3)
+		if n, err := etcdlock.ReadLimit(ctx, client, name); err != nil || n != 1 {
+			t.Errorf("ReadLimit: got %d, %v, want 1", n, err)
+		}
+		release(t, x3)
+		release(t, x2)
+	})
+	// A (limit 2) holds alone; SetLimit(3) reads [A] and takes 3 for a
+	// raise. Before its write, A leaves and five Semaphores made with
+	// limit 5 hold. On the defect the record "limit=3 keep=A" kept none of
+	// them, and two of five holders were waiters by the rule.
+	t.Run("holders of another limit", func(t *testing.T) {
+		ctx, name := testContext(t), lockName(t)
+		a, err := sem(name, 2).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var xs []*etcdlock.Permit
+		hc := aroundWrite(t, srv, name, func() {
+			release(t, a)
+			for range 5 {
+				p, err := sem(name, 5).Acquire(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				xs = append(xs, p)
+			}
+		}, nil)
+		if err := etcdlock.SetLimit(ctx, hc, name, 3); err != nil {
+			t.Fatalf("SetLimit(3): %v", err)
+		}
+		if len(xs) != 5 {
+			t.FailNow()
+		}
+		holdsByRule(t, ctx, name, xs...)
+		for _, p := range xs {
+			release(t, p)
+		}
+	})
+}
+
+// aroundWrite returns a client of srv that runs before once, as it is about
+// to send the first Txn that writes the limit record of name (SetLimit's),
+// and after (if not nil) once, as soon as that Txn's reply comes.
+func aroundWrite(t *testing.T, srv *etcdtest.Server, name string, before, after func()) *clientv3.Client {
+	var b, a sync.Once
 	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		writes := false
 		if txn, ok := req.(*pb.TxnRequest); ok {
 			for _, op := range txn.Success {
 				if put := op.GetRequestPut(); put != nil && strings.HasSuffix(string(put.Key), queue.LimitKey(name)) {
-					once.Do(before)
+					writes = true
 				}
 			}
 		}
-		return invoker(ctx, method, req, reply, cc, opts...)
+		if writes {
+			b.Do(before)
+		}
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if writes && after != nil {
+			a.Do(after)
+		}
+		return err
 	}
 	return serverClient(t, srv, intercept, nil)
 }
