@@ -52,6 +52,7 @@ var oncallCalls = []oncallCall{
 	{"read-limit", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).readLimit},
 	{"set-limit", callSetLimit, txnFaults, (*oncallCase).setLimit},
 	{"set-limit-read", callQueueRead, []fault{faultLost, faultDropped, faultLate}, (*oncallCase).setLimit},
+	{"set-limit-first", callSetLimit, txnFaults, (*oncallCase).setLimitFirst},
 	{"limit-touch", callWatch, []fault{faultLagging, faultEvent}, (*oncallCase).limitTouch},
 	{"early-watch", callWatch, []fault{faultLagging, faultEvent}, (*oncallCase).earlyWatch},
 	{"limit-watch", callLimitWatch, []fault{faultLagging, faultEvent}, (*oncallCase).limitWatch},
@@ -466,6 +467,95 @@ func (oc *oncallCase) setLimit() {
 	if !ended {
 		p := admitted(t, waiter) // every kept permit gone: the waiter fits
 		release(t, p)
+	}
+	if keys := lockKeys(t, oc.healthy, oc.name); len(keys) != 0 {
+		t.Fatalf("keys left: %q", keys)
+	}
+}
+
+// setLimitFirst: SetLimit's write of a name's first limit record, faulted,
+// raising the limit of a lone holder made with limit 1 to 2, while the queue
+// empties and fills with Semaphores made with limit 3: three hold and a
+// fourth waits, counting its turn with its own limit. faultDeleted and
+// faultRevoked bring them just before the write; the other faults just after
+// SetLimit returns (faultLate: before its write is applied, a second after
+// the caller gave up). A record that lands must keep whoever holds by the
+// rule when it lands: judged in etcd, every permit Acquire returned holds by
+// the rule (keys and record read in one Txn) from then on, each waiter is
+// admitted once the rule says it holds, and a healthy SetLimit settles it.
+func (oc *oncallCase) setLimitFirst() {
+	t := oc.t
+	ctx := testContext(t)
+	sem := func(limit int) *etcdlock.Semaphore {
+		return etcdlock.NewSemaphore(newSession(t, oc.healthy, etcdlock.WithTTL(matrixTTL)), oc.name, limit)
+	}
+	first, err := sem(1).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var comers []<-chan permitResult
+	churn := func() {
+		release(t, first)
+		for range 4 {
+			comers = append(comers, acquireInGoroutine(ctx, sem(3)))
+			n := len(comers)
+			eventually(t, "a newcomer's key", func() bool { return len(lockKeys(t, oc.healthy, oc.name)) == n })
+		}
+	}
+	oc.sm.hand = func(fault) { churn() }
+	setter := serverClient(t, oc.srv, oc.sm.unary, oc.sm.stream)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	oc.sm.enter(phaseHold, cancel)
+	err = etcdlock.SetLimit(sctx, setter, oc.name, 2)
+	cancel()
+	t.Logf("SetLimit, faulted: %v (record %q)", err, limitRecord(t, oc.healthy, oc.name))
+	if oc.sm.fires() != 1 {
+		t.Fatalf("the fault fired %d times, want once", oc.sm.fires())
+	}
+	if comers == nil {
+		churn()
+	}
+	var held []*etcdlock.Permit
+	// admit takes the permits whose Acquire has returned, and fails the case
+	// if one does not hold by the rule in etcd; it reports whether every
+	// key that holds by the rule is one of them.
+	admit := func() bool {
+		for i, ch := range comers {
+			select {
+			case r := <-ch:
+				if r.err != nil {
+					t.Fatalf("a newcomer's Acquire: %v", r.err)
+				}
+				held, comers[i] = append(held, r.p), nil
+			default:
+			}
+		}
+		holders, _ := permitsInEtcd(t, oc.healthy, oc.name, 3)
+		for _, p := range held {
+			if !slices.Contains(holders, p.Key()) {
+				t.Fatalf("%s: Acquire returned it, and it waits by the rule in etcd: holders %q, record %q", p.Key(), holders, limitRecord(t, oc.healthy, oc.name))
+			}
+		}
+		return len(holders) == len(held)
+	}
+	admit()
+	oc.sm.settle()
+	eventually(t, "every holder by the rule admitted", admit)
+	if err := etcdlock.SetLimit(testContext(t), oc.healthy, oc.name, 2); err != nil {
+		t.Fatalf("SetLimit once healthy: %v", err)
+	}
+	if n, err := etcdlock.ReadLimit(testContext(t), oc.healthy, oc.name); err != nil || n != 2 {
+		t.Fatalf("ReadLimit: got %d, %v, want 2", n, err)
+	}
+	// Release the holders one at a time: once no holder is left, no key
+	// is (the oldest key always holds).
+	for {
+		eventually(t, "every holder by the rule admitted", admit)
+		if len(held) == 0 {
+			break
+		}
+		release(t, held[0])
+		held = held[1:]
 	}
 	if keys := lockKeys(t, oc.healthy, oc.name); len(keys) != 0 {
 		t.Fatalf("keys left: %q", keys)

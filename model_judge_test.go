@@ -46,7 +46,6 @@ const lossBound = modelTTL + doneBound
 type rule struct {
 	kind   int
 	prefix string // the queue; "": each key's own parent
-	n      int    // ruleAmongFirst: the limit
 }
 
 const (
@@ -211,8 +210,8 @@ func (w *world) holds(h modelHold, rl rule) (bool, string) {
 		case ruleAmongFirst:
 			// The oldest keys whose permits fit within the limit: the
 			// record's, if any (keeping the keys up to its revision), else
-			// rl.n; each weight counted at most the limit.
-			limit, keep := w.limitRecord(pfx, rl.n)
+			// the oldest key's; each weight counted at most the limit.
+			limit, keep, _ := w.limitRecord(pfx, limitOf(kvs[0].Value))
 			sum := 0
 			for _, kv := range kvs[:i+1] {
 				sum += min(weightOf(kv.Value), limit)
@@ -231,10 +230,17 @@ func (w *world) holds(h modelHold, rl rule) (bool, string) {
 	return true, ""
 }
 
+// limitOf returns the limit a permit's key value says it was made with.
+func limitOf(value []byte) int {
+	var n int
+	fmt.Sscanf(string(value), "limit=%d", &n)
+	return n
+}
+
 // limitRecord reads the limit record of the Semaphore with prefix pfx, as
-// written ("limit=N keep=G"): its limit and kept revision; else limit and
-// 0.
-func (w *world) limitRecord(pfx string, limit int) (int, int64) {
+// written ("limit=N keep=G"): its limit and kept revision, and true; else
+// limit, 0 and false.
+func (w *world) limitRecord(pfx string, limit int) (int, int64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	resp, err := w.root.Get(ctx, queue.LimitKey(strings.TrimSuffix(pfx, "/")))
@@ -242,14 +248,14 @@ func (w *world) limitRecord(pfx string, limit int) (int, int64) {
 		w.t.Fatalf("judge: read the limit record: %v", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return limit, 0
+		return limit, 0, false
 	}
 	var n int
 	var keep int64
 	if _, err := fmt.Sscanf(string(resp.Kvs[0].Value), "limit=%d keep=%d", &n, &keep); err != nil {
 		w.t.Fatalf("judge: the limit record %q: %v", resp.Kvs[0].Value, err)
 	}
-	return n, keep
+	return n, keep, true
 }
 
 func describeQueue(kvs []*mvccpb.KeyValue) string {
@@ -344,7 +350,7 @@ func (w *world) checkpoint(final bool) {
 				what string
 				h    modelHold
 				rl   rule
-			}{"Permit", modelHold{n: 1, keys: []string{p.Key()}, token: p.Token(), done: p.Done()}, rule{kind: ruleAmongFirst, prefix: w.semName() + "/", n: modelLimit}})
+			}{"Permit", modelHold{n: 1, keys: []string{p.Key()}, token: p.Token(), done: p.Done()}, rule{kind: ruleAmongFirst, prefix: w.semName() + "/"}})
 		}
 		a.mu.Unlock()
 		for _, x := range holds {

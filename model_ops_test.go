@@ -409,6 +409,7 @@ func (a *goroutine) acquireN(r *rand.Rand, wait time.Duration, n int) {
 	sem := a.ms.semaphore(a.w.semName())
 	ctx, cancel := callContext(r)
 	defer cancel()
+	_, _, recorded := a.w.limitRecord(a.w.semName()+"/", 0)
 	c := a.begin("Semaphore", []string{a.w.semName()}, modelHold{})
 	var p *etcdlock.Permit
 	var err error
@@ -420,14 +421,21 @@ func (a *goroutine) acquireN(r *rand.Rand, wait time.Duration, n int) {
 	if err == nil {
 		var h modelHold
 		a.w.stats.permits.Add(1)
-		a.gained(&h, c, modelHold{keys: []string{p.Key()}, token: p.Token(), done: p.Done()}, rule{kind: ruleAmongFirst, prefix: a.w.semName() + "/", n: modelLimit})
+		a.gained(&h, c, modelHold{keys: []string{p.Key()}, token: p.Token(), done: p.Done()}, rule{kind: ruleAmongFirst, prefix: a.w.semName() + "/"})
 		a.mu.Lock()
 		a.permits = append(a.permits, p)
 		a.mu.Unlock()
 		return
 	}
-	if errors.Is(err, etcdlock.ErrNoPermit) {
+	switch {
+	case errors.Is(err, etcdlock.ErrNoPermit):
 		err = nil
+	case errors.Is(err, etcdlock.ErrLimitMismatch) && recorded:
+		// A record, once written, stays for the sequence: it says the
+		// limit, whatever the keys were made with.
+		a.w.t.Errorf("g%d: Semaphore(%d): got %v, though a limit record was written before the call", a.i, sem.Limit(), err)
+	case errors.Is(err, etcdlock.ErrLimitMismatch):
+		a.w.stats.mismatches.Add(1)
 	}
 	a.refused(c, err, false)
 }
@@ -435,17 +443,24 @@ func (a *goroutine) acquireN(r *rand.Rand, wait time.Duration, n int) {
 // setLimit records a limit of 1 to 3 for the Semaphore, through the
 // goroutine's Session's client (faulted as its locks are). Its answer is
 // judged by what follows: every permit held keeps holding (the checkpoints
-// and each hold's judge read the record).
+// and each hold's judge read the record). The first one meets keys of
+// Semaphores made with either of modelLimits, and no record: ErrLimitMismatch
+// then when the queue has both (a key of the other limit is refused, and
+// leaves, but may be there at the read), never once a record was written.
 func (a *goroutine) setLimit(r *rand.Rand) {
 	limit := 1 + r.IntN(3)
 	ctx, cancel := callContext(r)
 	defer cancel()
+	_, _, recorded := a.w.limitRecord(a.w.semName()+"/", 0)
 	err := etcdlock.SetLimit(ctx, a.ms.session().Client(), a.w.semName(), limit)
 	a.w.log.add("g%d: SetLimit(%d): %v", a.i, limit, err)
 	if err == nil {
 		a.w.stats.limits.Add(1)
+		if !recorded {
+			a.w.stats.firstLimits.Add(1)
+		}
 	}
-	if errors.Is(err, etcdlock.ErrInvalidArgument) || errors.Is(err, etcdlock.ErrLimitMismatch) {
+	if errors.Is(err, etcdlock.ErrInvalidArgument) || (errors.Is(err, etcdlock.ErrLimitMismatch) && recorded) {
 		a.w.t.Errorf("g%d: SetLimit(%d): %v", a.i, limit, err)
 	}
 }

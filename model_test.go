@@ -45,10 +45,14 @@ import (
 const (
 	modelTTL     = 3 * time.Second
 	modelActors  = 2 // goroutines per Session
-	modelLimit   = 2 // the Semaphore's
 	modelSteps   = 60
 	modelCheckAt = 20 // steps between two checks of what etcd holds
 )
+
+// modelLimits are the limits the Sessions' Semaphores are made with, by
+// turns: two, so that while no limit record is written the queue's keys
+// come with either, and SetLimit's first write meets both.
+var modelLimits = [...]int{2, 3}
 
 // The Sessions of a sequence: one without WithRenewal, two with (one hands
 // the Mutex from goroutine to goroutine).
@@ -81,15 +85,16 @@ func TestModel(t *testing.T) {
 			t.Fatalf("sequence failed: rerun it with ETCDLOCK_MODEL_SEED=%d", s)
 		}
 	}
-	t.Logf("%d sequences, %d steps (%d answers judged, %d faults; %d permits given, %d limits set) in %v",
+	t.Logf("%d sequences, %d steps (%d answers judged, %d faults; %d permits given, %d limits set, %d of them the first record, %d permits refused for another limit) in %v",
 		stats.sequences.Load(), stats.steps.Load(), stats.judged.Load(), stats.faults.Load(),
-		stats.permits.Load(), stats.limits.Load(), time.Since(start).Round(time.Second))
+		stats.permits.Load(), stats.limits.Load(), stats.firstLimits.Load(), stats.mismatches.Load(), time.Since(start).Round(time.Second))
 }
 
 // modelStats counts what the sequences did.
 type modelStats struct {
 	sequences, steps, judged, faults atomic.Int64
 	permits, limits                  atomic.Int64 // Semaphore acquisitions given, SetLimit calls that wrote
+	firstLimits, mismatches          atomic.Int64 // SetLimits that wrote the first record; acquisitions refused ErrLimitMismatch
 }
 
 // A world is one sequence's etcd, Sessions and goroutines.
@@ -143,7 +148,7 @@ func (ms *modelSession) semaphore(name string) *etcdlock.Semaphore {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	if ms.sem == nil || ms.sem.Name() != name || ms.semOn != ms.s {
-		ms.sem, ms.semOn = etcdlock.NewSemaphore(ms.s, name, modelLimit), ms.s
+		ms.sem, ms.semOn = etcdlock.NewSemaphore(ms.s, name, modelLimits[ms.i%len(modelLimits)]), ms.s
 	}
 	return ms.sem
 }
