@@ -29,20 +29,16 @@ func newCheckFlags() (*commandFlags, *connFlags) {
 
 func checkCommand(args []string, sio stdio) error {
 	fs, conn := newCheckFlags()
-	rest, _, err := fs.parse(args)
+	text, rest, err := fs.parseArg(args, "FENCE")
 	if fs.showHelp(err, sio) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	switch {
-	case len(rest) == 0 || rest[0] == "":
-		return usagef("check", "missing FENCE")
-	case len(rest) > 1:
-		return usagef("check", "unexpected argument %q after FENCE", rest[1])
+	if len(rest) > 0 {
+		return usagef("check", "unexpected argument %q after FENCE", rest[0])
 	}
-	text := rest[0]
 	f, err := etcdlock.ParseFence(text)
 	if err != nil {
 		return usagef("check", "%v", err)

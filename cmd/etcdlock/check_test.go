@@ -28,15 +28,17 @@ func TestCheck(t *testing.T) {
 	h, _ := m.Held()
 	f := h.Fence().String()
 
-	r := runCLI(t, nil, "check", "--endpoints", ep, f)
-	r.want(t, 0)
-	if !strings.HasPrefix(r.stdout, "holds: ") {
-		t.Fatalf("stdout: got %q, want holds: …", r.stdout)
+	for _, args := range [][]string{{"check", "--endpoints", ep, f}, {"check", f, "--endpoints", ep}} {
+		r := runCLI(t, nil, args...)
+		r.want(t, 0)
+		if !strings.HasPrefix(r.stdout, "holds: ") {
+			t.Fatalf("%q: stdout: got %q, want holds: …", args, r.stdout)
+		}
 	}
 	if err := m.UnlockContext(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	r = runCLI(t, nil, "check", "--endpoints", ep, f)
+	r := runCLI(t, nil, "check", "--endpoints", ep, f)
 	r.want(t, exitLost)
 	if !strings.Contains(r.stdout, "lost: ") || !strings.Contains(r.stdout, "is gone") {
 		t.Fatalf("stdout: got %q, want lost: … is gone", r.stdout)

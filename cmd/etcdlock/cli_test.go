@@ -76,6 +76,15 @@ func TestUsage(t *testing.T) {
 		{[]string{"demo", "--workers", "2"}, nil, exitUsage, "--workers"},
 		{[]string{"demo", "--rounds", "0"}, nil, exitUsage, "--rounds"},
 		{[]string{"demo", "--cacert", "ca.pem"}, nil, exitUsage, "need --endpoints"},
+		// Flags go anywhere before "--" (and run's COMMAND), in every
+		// command: a flag after the argument is read as a flag.
+		{[]string{"run", "n", "--bogus", "--", "true"}, nil, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"holders", "n", "--bogus"}, nil, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"limit", "n", "--bogus"}, nil, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"release", "n", "--bogus"}, nil, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"check", "etcdlock:1:n:n/1", "--bogus"}, nil, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"check"}, nil, exitUsage, "missing FENCE"},
+		{[]string{"check", "etcdlock:1:n:n/1", "x"}, nil, exitUsage, `unexpected argument "x" after FENCE`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := callCLI(tc.env, tc.args...)

@@ -95,23 +95,31 @@ func (c *commandFlags) parse(args []string) (rest []string, dashdash bool, err e
 // parseName parses flags, NAME, then flags again, and returns NAME and what
 // follows: the arguments after the first other argument or "--".
 func (c *commandFlags) parseName(args []string) (name string, rest []string, err error) {
+	return c.parseArg(args, "lock NAME")
+}
+
+// parseArg parses flags, the command's one argument (what names it in the
+// error when it is missing), then flags again, and returns the argument and
+// what follows: the arguments after the first other argument or "--". So
+// flags go anywhere before "--" and COMMAND, in every command.
+func (c *commandFlags) parseArg(args []string, what string) (arg string, rest []string, err error) {
 	rest, dashdash, err := c.parse(args)
 	if err != nil {
 		return "", nil, err
 	}
 	if len(rest) == 0 || rest[0] == "" {
-		return "", nil, usagef(c.Name(), "missing lock NAME")
+		return "", nil, usagef(c.Name(), "missing %s", what)
 	}
-	name, rest = rest[0], rest[1:]
+	arg, rest = rest[0], rest[1:]
 	if dashdash {
 		// "-- NAME": NAME may start with "-"; no flags after it.
 		if len(rest) > 0 && rest[0] == "--" {
 			rest = rest[1:]
 		}
-		return name, rest, nil
+		return arg, rest, nil
 	}
 	rest, _, err = c.parse(rest)
-	return name, rest, err
+	return arg, rest, err
 }
 
 // printUsage writes the help of the command to w.
