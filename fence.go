@@ -44,7 +44,7 @@ func (h Hold) Fence() Fence {
 	}
 	name := h.Name
 	if h.h.t.kind == KindMulti {
-		name = h.Key[:strings.LastIndexByte(h.Key, '/')]
+		name = lockOf(h.Key)
 	}
 	return Fence{Name: name, Key: h.Key, Token: h.Token}
 }

@@ -43,10 +43,14 @@ func queueNames(kind Kind, lock string, keys []string) []string {
 	}
 	names := make([]string, 0, len(keys))
 	for _, key := range keys {
-		names = append(names, key[:strings.LastIndexByte(key, '/')])
+		names = append(names, lockOf(key))
 	}
 	return names
 }
+
+// lockOf returns the name of the lock whose queue key is in: key less its
+// last "/" and what follows.
+func lockOf(key string) string { return strings.TrimSuffix(queue.PrefixOf(key), "/") }
 
 // mutexKey is the key of a Mutex of name with lease id, as etcd's
 // concurrency.Mutex and etcdctl lock name it: a MultiMutex's keys are its

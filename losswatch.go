@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdlock/etcdlock/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -123,7 +124,7 @@ func (w *lossWatch) add(tm lossTerm, sub lossSubject, start func(func()) bool) b
 	w.subjects[sub] = struct{}{}
 	for _, k := range keys {
 		if len(w.byKey[k]) == 0 {
-			w.perQueue[queuePrefix(k)]++
+			w.perQueue[queue.PrefixOf(k)]++
 		}
 		w.byKey[k] = append(w.byKey[k], sub)
 		w.prefix = sharedPrefix(w.prefix, k)
@@ -181,7 +182,7 @@ func (w *lossWatch) drop(sub lossSubject) bool {
 		}
 		if len(left) == 0 {
 			delete(w.byKey, k)
-			q := queuePrefix(k)
+			q := queue.PrefixOf(k)
 			if w.perQueue[q]--; w.perQueue[q] <= 0 {
 				delete(w.perQueue, q)
 				w.emptied = append(w.emptied, q)
@@ -347,15 +348,11 @@ func (r *lossRun) done() bool {
 	return true
 }
 
-// queuePrefix returns the prefix of the lock queue key is in: the key up
-// to its last "/", included.
-func queuePrefix(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
-
 // prefixOf returns the prefix of the watch that is to cover key: the one
 // every key shares, w.prefix (with w.mu held); grouped, key's queue's.
 func (r *lossRun) prefixOf(key string) string {
 	if r.grouped {
-		return queuePrefix(key)
+		return queue.PrefixOf(key)
 	}
 	return r.w.prefix
 }
@@ -363,7 +360,7 @@ func (r *lossRun) prefixOf(key string) string {
 // streamOf returns the watch that covers key, or nil.
 func (r *lossRun) streamOf(key string) *lossStream {
 	if r.grouped {
-		return r.streams[queuePrefix(key)]
+		return r.streams[queue.PrefixOf(key)]
 	}
 	for _, st := range r.streams {
 		if strings.HasPrefix(key, st.prefix) {
@@ -493,7 +490,7 @@ func (r *lossRun) rewatch(from int64) {
 	if r.grouped {
 		clear(prefixes)
 		for k := range w.byKey {
-			prefixes[queuePrefix(k)] = true
+			prefixes[queue.PrefixOf(k)] = true
 		}
 	}
 	w.mu.Unlock()

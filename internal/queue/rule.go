@@ -70,6 +70,10 @@ func Semaphore(name string, limit, weight int, accept func(value []byte) error) 
 		member: func(key []byte) bool { return IsMember(pfx, key) }}
 }
 
+// PrefixOf returns the prefix of the queue key is in: key up to its last
+// "/", included.
+func PrefixOf(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
+
 // IsMember reports whether key is a waiter's or holder's key of the lock
 // with prefix pfx, and not a key of a lock nested under it (D11): a name
 // like "a/b" must not block "a".

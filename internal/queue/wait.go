@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"slices"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -213,10 +212,8 @@ func (t *Ticket) watch(ctx context.Context, p place) clientv3.WatchChan {
 // both keys are of one kind (a range from a reader's key to a writer's
 // would span every reader's).
 func (t *Ticket) ownerRange(p place) bool {
-	return p.owner && t.rule.limit == 0 && parent(p.watch) == parent(t.key)
+	return p.owner && t.rule.limit == 0 && PrefixOf(p.watch) == PrefixOf(t.key)
 }
-
-func parent(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
 
 // woken reads a response of a watch of the wait from p, and returns the
 // next place: unchanged to go on waiting.
