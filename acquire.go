@@ -88,11 +88,12 @@ func (s *Session) acquire(ctx context.Context, c claim) (*keyHold, error) {
 		t.abort(opCtx, c.then)
 		return fail(queued || t.Contended(), err)
 	}
-	if err := t.lockDelay(opCtx); err != nil {
+	h := t.newHold()
+	if err := t.lockDelay(opCtx, h); err != nil {
+		h.end()
 		t.abort(opCtx, c.then)
 		return fail(true, err)
 	}
-	h := t.newHold()
 	if c.grant != nil {
 		c.grant(h)
 	}

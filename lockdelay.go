@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -15,9 +16,13 @@ import (
 // lockDelayReadTimeout bounds each read that tells a crash from an unlock.
 const lockDelayReadTimeout = time.Second
 
-// lockDelay waits the Session's lock-delay, once t holds, where t waited for
-// a key that went with its lease; it returns ctx's error if ctx ends first.
-func (t *ticket) lockDelay(ctx context.Context) error {
+// lockDelay waits the Session's lock-delay, once t holds with the hold h,
+// where t waited for a key that went with its lease. The hold is made
+// first: its cap counts from it, and its loss signal is watched during the
+// delay. It returns ctx's error if ctx ends first, and ErrLockLost, wrapped,
+// if the hold is lost first (its key deleted, its lease gone or silent, its
+// cap reached).
+func (t *ticket) lockDelay(ctx context.Context, h *keyHold) error {
 	d := t.s.lockDelay
 	if d <= 0 || !t.Contended() || !t.followsCrash(ctx) {
 		return nil
@@ -29,6 +34,8 @@ func (t *ticket) lockDelay(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-h.lost():
+		return fmt.Errorf("%w: during its lock-delay", ErrLockLost)
 	}
 }
 

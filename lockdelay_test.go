@@ -117,6 +117,55 @@ func TestLockDelay(t *testing.T) {
 		}
 	})
 
+	// The hold is made before the delay: a loss during the delay (the
+	// waiter's key deleted by hand, or its cap reached) ends the
+	// acquisition with ErrLockLost at once, its key gone, rather than after
+	// the delay with a hold whose Done closes as it returns.
+	lostInDelay := func(t *testing.T, opts []etcdlock.SessionOption, lose func(ctx context.Context, ws *etcdlock.Session, name string)) {
+		ctx := testContext(t)
+		name := lockName(t)
+		holder := newSession(t, client)
+		if err := etcdlock.NewMutex(holder, name).LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var lost sync.WaitGroup
+		lost.Add(1)
+		var once sync.Once
+		observer := etcdlock.ObserverFunc(func(e etcdlock.Event) {
+			if e.Kind == etcdlock.HoldLost {
+				once.Do(lost.Done)
+			}
+		})
+		ws := newSession(t, client, append(opts, etcdlock.WithLockDelay(time.Hour), etcdlock.WithObserver(observer))...)
+		locked := result(func() error { return etcdlock.NewMutex(ws, name).LockContext(ctx) })
+		eventually(t, "the waiter queued", func() bool { return len(lockKeys(t, client, name)) == 2 })
+		if _, err := client.Revoke(ctx, holder.Lease()); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the waiter's key holding", func() bool {
+			e := inspect(t, ctx, client, name)
+			return len(e) == 1 && e[0].Lease == ws.Lease() && e[0].Holds
+		})
+		start := time.Now()
+		lose(ctx, ws, name)
+		if err := waitErr(t, locked); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Fatalf("the waiter, its hold lost in the delay: got %v, want ErrLockLost", err)
+		}
+		t.Logf("the acquisition ended %v after the loss, in a delay of an hour", time.Since(start).Round(time.Millisecond))
+		lost.Wait()
+		eventually(t, "the waiter's key gone", func() bool { return len(keysOfLease(t, client, name, ws.Lease())) == 0 })
+	}
+	t.Run("key deleted in the delay", func(t *testing.T) {
+		lostInDelay(t, nil, func(ctx context.Context, ws *etcdlock.Session, name string) {
+			if _, err := client.Delete(ctx, keyOf(name, ws.Lease())); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+	t.Run("cap reached in the delay", func(t *testing.T) {
+		lostInDelay(t, []etcdlock.SessionOption{etcdlock.WithMaxHold(300 * time.Millisecond)}, func(context.Context, *etcdlock.Session, string) {})
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		for _, bad := range []time.Duration{0, -time.Second} {
 			if _, err := etcdlock.NewSession(client, etcdlock.WithLockDelay(bad)); !errors.Is(err, etcdlock.ErrInvalidArgument) {

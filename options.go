@@ -157,8 +157,12 @@ func WithWatchdog(period time.Duration) SessionOption {
 // was cut off) rather than by an unlock: a holder that was only cut off has
 // that long to see its loss, as Chubby's and Consul's lock-delay give. A
 // clean unlock hands off at once. The acquisition holds (its key is the
-// holder's) during the delay; if ctx ends meanwhile, it deletes its key and
-// returns ctx.Err(). TryLockFor's wait does not bound the delay: ctx does.
+// holder's) during the delay, and its hold is made before it: a cap
+// (WithMaxHold) counts from the hold, and a loss during the delay (the key
+// deleted, the lease gone or silent, the cap reached) ends the acquisition
+// with ErrLockLost, wrapped, its key deleted; if ctx ends meanwhile, it
+// deletes its key and returns ctx.Err(). TryLockFor's wait does not bound
+// the delay: ctx does.
 //
 // How it tells them apart: once it holds, it reads the queue as it was when
 // its key was put (one read at that revision) and asks etcd whether the
