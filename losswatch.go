@@ -17,10 +17,11 @@ import (
 // to open a watch or read), while any of its holds
 // has a loss signal, watches for all of them. Keep-alive silence is the
 // lease's, so one timer serves every hold; one watch of deletes over the
-// longest prefix shared by their keys (where etcd refuses it, one per lock
-// queue) sees any of them deleted; and the safety re-read, once a TTL,
-// reads their keys 128 to a Txn (etcd's default limit of operations in a
-// Txn).
+// longest prefix shared by their keys (once they are in queues of
+// unrelated names, or where etcd refuses that watch, one per lock queue)
+// sees any of them deleted; and the safety re-read, once a
+// TTL, reads their keys 128 to a Txn (etcd's default limit of operations
+// in a Txn).
 
 const (
 	// lossReadTimeout bounds the read that tells a deleted key from a
@@ -226,9 +227,11 @@ type lossRun struct {
 	tm  lossTerm
 	ctx context.Context // the run's reads' and watches': ends with the run
 
-	// The watches: one of the prefix every key shares; or, once etcd has
-	// refused that one (its authentication grants the lock's queues, not
-	// what lies between them), one per lock queue (name/) of the keys.
+	// The watches: one of the prefix every key shares; or, once the keys
+	// are in queues of unrelated names (that prefix would bring deletes
+	// from anywhere between them: group), or etcd has refused that watch
+	// (its authentication grants the lock's queues, not what lies between
+	// them), one per lock queue (name/) of the keys.
 	streams map[string]*lossStream // by prefix
 	events  chan streamed          // every watch's responses
 	grouped bool                   // one watch per lock queue
@@ -375,6 +378,7 @@ func (r *lossRun) streamOf(key string) *lossStream {
 // opened or reopened for them where none covers them, and read once where
 // one covers them but has passed their creation.
 func (r *lossRun) look() {
+	r.group()
 	w := r.w
 	w.mu.Lock()
 	fresh, capped, emptied := w.fresh, w.capped, w.emptied
@@ -437,6 +441,31 @@ func (r *lossRun) look() {
 			break
 		}
 		r.watch(p, from)
+	}
+}
+
+// group turns a run that watches the prefix its keys share into one that
+// watches each lock queue of them, once its keys are in lock queues of
+// unrelated names: queues whose names share no parent ("alpha/job" and
+// "beta/job", not "jobs/a" and "jobs/b"), so that the prefix the keys
+// share has no "/" (often it is ""). Its watch would bring deletes from
+// anywhere between them, up to every delete in etcd, and each widening a
+// read of every key. Holds of names under one parent keep the one watch
+// of that parent (a watch per queue costs a goroutine and a watcher in
+// etcd). Each queue's watch starts where the shared one had passed.
+func (r *lossRun) group() {
+	w := r.w
+	w.mu.Lock()
+	spread := len(w.perQueue) > 1 && !strings.Contains(w.prefix, "/")
+	w.mu.Unlock()
+	if r.grouped || !spread {
+		return
+	}
+	r.grouped = true
+	for _, st := range r.streams { // the shared prefix's, if it runs
+		r.unwatch()
+		r.rewatch(st.seen + 1)
+		return
 	}
 }
 

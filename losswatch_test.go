@@ -549,6 +549,83 @@ func TestLossWatchWidenNoReplay(t *testing.T) {
 	_ = b.UnlockContext(ctx)
 }
 
+// TestLossWatchUnrelatedNames: a Session whose holds are in unrelated
+// lock queues (alpha/, beta/, gamma/: the prefix their keys share is "")
+// watches each queue, not every key in etcd: 200 deletes elsewhere bring
+// its client no event, and each new queue costs no read of every key
+// held. Before, the one watch of the shared prefix received every delete
+// in etcd (200 events), and each widening read every key again (a read of
+// the loss watch per queue added).
+func TestLossWatchUnrelatedNames(t *testing.T) {
+	testflags.Parallel(t)
+	srv, _ := startServer(t)
+	var events, reads atomic.Int64
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return countedStream{cs, &events}, nil
+	}
+	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if c, ok := classify(method, req); ok && c == callLossRead {
+			reads.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	client := serverClient(t, srv, unary, stream)
+	other := srv.Client(t)
+	ctx := testContext(t)
+	s := newSession(t, client, etcdlock.WithTTL(10*time.Second))
+	var ms []*etcdlock.Mutex
+	var dones []<-chan struct{}
+	for _, name := range []string{"alpha/job", "beta/job", "gamma/job"} {
+		m := etcdlock.NewMutex(s, name)
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ms, dones = append(ms, m), append(dones, m.Done())
+		time.Sleep(100 * time.Millisecond) // the watches open, queue by queue
+	}
+	gotReads := reads.Load()
+	before := events.Load()
+	const churn = 200
+	for i := range churn {
+		k := fmt.Sprintf("noise/%d", i)
+		if _, err := other.Put(ctx, k, "v"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A delete the watches do see, after the noise: once it closed Done,
+	// every event before it has come.
+	if _, err := other.Delete(ctx, ms[1].Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := closedWithin(dones[1], doneBound); !ok {
+		t.Fatalf("beta's Done still open %v after its key's delete", doneBound)
+	}
+	got := events.Load() - before
+	t.Logf("holds in 3 queues: %d watch events received for %d deletes elsewhere and 1 of a held key; %d reads of the loss watch while the holds came", got, churn, gotReads)
+	if got >= churn/2 {
+		t.Errorf("watch events received: got %d, want fewer than %d: the watches cover the keys held, not every key in etcd", got, churn/2)
+	}
+	if gotReads > 0 {
+		t.Errorf("reads of every key held while 3 queues' holds came: got %d, want none", gotReads)
+	}
+	if got := closedDones(dones); !slices.Equal(got, []int{1}) {
+		t.Errorf("Done channels closed: got holds %v, want [1]", got)
+	}
+	for i, m := range ms {
+		err := m.UnlockContext(ctx)
+		if lost := i == 1; lost != (err != nil) {
+			t.Errorf("unlock of hold %d: got %v", i, err)
+		}
+	}
+}
+
 // countedStream counts the events of the watch responses it receives.
 type countedStream struct {
 	grpc.ClientStream
