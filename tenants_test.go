@@ -242,3 +242,55 @@ func TestTenantsKeptApart(t *testing.T) {
 	}
 	release(t, pb)
 }
+
+// TestTenantsIdleSession: what a team's role cannot keep from another. etcd
+// lets any user revoke a lease with no key attached, and attach a key of
+// its own to it (its check, etcd-io/etcd#8031, is on the keys the lease
+// has): a Session that holds nothing can be ended by another team that
+// guesses its lease ID. Its next lock returns ErrSessionExpired, and a
+// Session made WithRenewal takes a new lease and locks on it; a Session that
+// holds a lock has its key on the lease, and the revoke is refused (as
+// TestTenantsKeptApart shows).
+func TestTenantsIdleSession(t *testing.T) {
+	testflags.Parallel(t)
+	env := authServer(t, prefixPermission("teamA/", clientv3.PermissionType(clientv3.PermReadWrite)))
+	root, eps := env.root, env.root.Endpoints()
+	addTenant(t, root, "teamb", "teambpw", "teamB/")
+	b := tenantClient(t, eps, "teamb", "teambpw", "teamB/")
+	aRaw := env.user
+	ctx := testContext(t)
+
+	plain := newSession(t, b, etcdlock.WithTTL(time.Minute))
+	if _, err := aRaw.Revoke(ctx, plain.Lease()); err != nil {
+		t.Fatalf("A revokes B's idle lease: got %v, want etcd to allow it", err)
+	}
+	if err := etcdlock.NewMutex(plain, "jobs/nightly").LockContext(ctx); !errors.Is(err, etcdlock.ErrSessionExpired) {
+		t.Errorf("B locks on the Session whose lease A revoked: got %v, want ErrSessionExpired", err)
+	}
+
+	renewing := newSession(t, b, etcdlock.WithTTL(time.Minute), etcdlock.WithRenewal())
+	first := renewing.Lease()
+	if _, err := aRaw.Revoke(ctx, first); err != nil {
+		t.Fatalf("A revokes B's idle lease: got %v, want etcd to allow it", err)
+	}
+	// A lock under way on the revoked lease returns ErrSessionExpired (as
+	// WithRenewal says); the next ones wait for the new lease.
+	m := etcdlock.NewMutex(renewing, "jobs/nightly")
+	var err error
+	eventually(t, "B's lock on a new lease", func() bool {
+		err = m.LockContext(ctx)
+		return !errors.Is(err, etcdlock.ErrSessionExpired)
+	})
+	if err != nil {
+		t.Fatalf("B locks on a Session made WithRenewal whose lease A revoked: %v", err)
+	}
+	if renewing.Lease() == first {
+		t.Errorf("the Session kept the revoked lease %x", first)
+	}
+	if _, err := aRaw.Revoke(ctx, renewing.Lease()); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Errorf("A revokes B's lease while B holds a lock on it: got %v, want permission denied", err)
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Errorf("B unlocks: %v", err)
+	}
+}
