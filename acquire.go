@@ -46,7 +46,7 @@ type claim struct {
 // primitive says that its own way), else the error failure maps.
 func (s *Session) acquire(ctx context.Context, c claim) (*keyHold, error) {
 	c.t.capBy(ctx)
-	a := s.events.startAcquire(c.t.kind, c.t.lock, c.t.term.id)
+	a := s.events.startAcquire(ctx, c.t.kind, c.t.lock, c.t.term.id)
 	opCtx, cancel := opContext(ctx, c.t.term)
 	defer cancel()
 	fail := func(contended bool, err error) (*keyHold, error) {
@@ -75,6 +75,7 @@ func (s *Session) acquire(ctx context.Context, c claim) (*keyHold, error) {
 		case err != nil:
 			return fail(contended, err)
 		case h != nil:
+			h.acquired(ctx)
 			if c.grant != nil {
 				c.grant(h)
 			}
@@ -89,6 +90,7 @@ func (s *Session) acquire(ctx context.Context, c claim) (*keyHold, error) {
 		return fail(queued || t.Contended(), err)
 	}
 	h := t.newHold()
+	h.acquired(ctx)
 	if err := t.lockDelay(opCtx, h); err != nil {
 		h.end()
 		t.abort(opCtx, c.then)

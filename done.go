@@ -24,6 +24,7 @@ type keyHold struct {
 	since time.Time // when the hold began
 
 	mu       sync.Mutex
+	callCtx  context.Context // the call's that acquired the hold, for its events (Event.Context)
 	done     chan struct{}
 	signaled bool
 	ended    bool // released: its end is not a loss
@@ -45,6 +46,20 @@ func (t *ticket) newHold() *keyHold {
 		h.lost() // the loss watch enforces the cap
 	}
 	return h
+}
+
+// acquired records ctx as the context of the call that acquired the hold.
+func (h *keyHold) acquired(ctx context.Context) {
+	h.mu.Lock()
+	h.callCtx = ctx
+	h.mu.Unlock()
+}
+
+// acquiredBy returns the context of the call that acquired the hold.
+func (h *keyHold) acquiredBy() context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.callCtx
 }
 
 // again returns a new hold of the same key: a local hand-off keeps the key
@@ -222,7 +237,7 @@ func (h *keyHold) signal(why LossReason) bool {
 func (h *keyHold) report(why LossReason, leaseGone func() bool) {
 	t := h.t
 	if s := t.s; s.events != nil {
-		s.events.emit(Event{Kind: HoldLost, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: h.token(), Reason: h.lossReason(why, leaseGone)})
+		s.events.emit(Event{Kind: HoldLost, Context: h.acquiredBy(), Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: h.token(), Reason: h.lossReason(why, leaseGone)})
 	}
 	if why != LossMaxHold {
 		return
@@ -275,7 +290,7 @@ func (h *keyHold) reportEnd() {
 	t := h.t
 	if t.s.events != nil {
 		now := time.Now()
-		t.s.events.emit(Event{Kind: HoldEnded, Time: now, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: t.Rev(), HeldFor: now.Sub(h.since)})
+		t.s.events.emit(Event{Kind: HoldEnded, Context: h.acquiredBy(), Time: now, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: t.Rev(), HeldFor: now.Sub(h.since)})
 	}
 }
 

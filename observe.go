@@ -78,7 +78,14 @@ const (
 // adapters (logs, metrics such as package etcdlock/prometheus, traces): a
 // lock's user needs none of it to lock.
 type Event struct {
-	Kind      EventKind
+	Kind EventKind
+	// Context is the context of the lock call the event is about: for
+	// AcquireStarted and AcquireEnded, the call's; for HoldEnded and
+	// HoldLost, the call's that acquired the hold (a hand-off's, for a
+	// hold handed on). It carries the caller's trace, for a span of the
+	// call (package etcdlock/otel); it may have ended by the time the
+	// event is delivered. nil for the other kinds.
+	Context   context.Context
 	Time      time.Time        // when it happened
 	Lease     clientv3.LeaseID // the lease it happened on: the Session's, or WithRenewal the one of the hold or call
 	OldLease  clientv3.LeaseID // LeaseRenewed: the lease lost
@@ -219,13 +226,14 @@ type acquisition struct {
 	e     Event
 }
 
-// startAcquire reports the start of an acquisition of the lock name, of kind
-// primitive, with lease; a no-op without observers.
-func (d *dispatch) startAcquire(primitive Kind, name string, lease clientv3.LeaseID) acquisition {
+// startAcquire reports the start of an acquisition, with the caller's ctx,
+// of the lock name, of kind primitive, with lease; a no-op without
+// observers.
+func (d *dispatch) startAcquire(ctx context.Context, primitive Kind, name string, lease clientv3.LeaseID) acquisition {
 	if d == nil {
 		return acquisition{}
 	}
-	a := acquisition{d: d, start: time.Now(), e: Event{Lock: name, Primitive: primitive, Lease: lease}}
+	a := acquisition{d: d, start: time.Now(), e: Event{Context: ctx, Lock: name, Primitive: primitive, Lease: lease}}
 	e := a.e
 	e.Kind, e.Time = AcquireStarted, a.start
 	d.emit(e)

@@ -181,6 +181,53 @@ func TestObserverEvents(t *testing.T) {
 	})
 }
 
+// TestObserverEventContext: an event of a lock call carries the call's
+// context (what a trace's span of it needs): AcquireStarted and
+// AcquireEnded the call's, HoldEnded and HoldLost the acquiring call's;
+// a keep-alive's carries none.
+func TestObserverEventContext(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	var log eventLog
+	s := newSession(t, client, etcdlock.WithObserver(&log), etcdlock.WithTTL(2*time.Second))
+	type key struct{}
+	name := lockName(t)
+	m := etcdlock.NewMutex(s, name)
+	lockCtx := context.WithValue(testContext(t), key{}, "lock")
+	if err := m.LockContext(lockCtx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UnlockContext(context.WithValue(testContext(t), key{}, "unlock")); err != nil {
+		t.Fatal(err)
+	}
+	lost := etcdlock.NewMutex(s, name+"/lost")
+	if err := lost.LockContext(context.WithValue(testContext(t), key{}, "lost")); err != nil {
+		t.Fatal(err)
+	}
+	_ = lost.Done()
+	if _, err := client.Delete(testContext(t), lost.Key()); err != nil {
+		t.Fatal(err)
+	}
+	log.wait(t, "the loss", func(e etcdlock.Event) bool { return e.Kind == etcdlock.HoldLost })
+	log.wait(t, "a keep-alive", func(e etcdlock.Event) bool { return e.Kind == etcdlock.KeptAlive })
+	for _, e := range log.find(func(etcdlock.Event) bool { return true }) {
+		var want any
+		switch {
+		case e.Kind == etcdlock.HoldLost:
+			want = "lost"
+		case e.Kind == etcdlock.AcquireStarted, e.Kind == etcdlock.AcquireEnded, e.Kind == etcdlock.HoldEnded:
+			want = map[string]any{name: "lock", name + "/lost": "lost"}[e.Lock]
+		}
+		var got any
+		if e.Context != nil {
+			got = e.Context.Value(key{})
+		}
+		if (want == nil) != (e.Context == nil) || got != want {
+			t.Errorf("%s of %q: the context's value got %v (context %v), want %v", e.Kind, e.Lock, got, e.Context != nil, want)
+		}
+	}
+}
+
 // TestObserverLossReasons: HoldLost says why the hold was lost, for each
 // way of losing it.
 func TestObserverLossReasons(t *testing.T) {
