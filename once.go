@@ -41,11 +41,6 @@ func (o OnceResult) String() string {
 	return "did not run"
 }
 
-// recordTimeout bounds the record of a slot once f returned nil: it is
-// written even if ctx ended meanwhile, since f's work is done and an
-// unrecorded slot runs again.
-const recordTimeout = 5 * time.Second
-
 // DoOnce runs f at most once per slot of the lock, across every Session and
 // process that names the same lock and slot (such as "2026-11-26T03:00" for
 // a nightly run): it returns OnceDone if etcd holds the slot's record; else
@@ -123,7 +118,7 @@ func (m *Mutex) doOnce(ctx context.Context, slot string, retention, wait time.Du
 			return err
 		}
 		held, _ := HoldFrom(fctx)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), once.RecordTimeout)
 		defer cancel()
 		err = once.Record(rctx, client, key, held.Fence().String(), held.IsOwner(), retention)
 		if errors.Is(err, once.ErrNotOwner) {

@@ -10,9 +10,6 @@ import (
 	"github.com/etcdlock/etcdlock/internal/once"
 )
 
-// slotTimeout bounds each read and the record of --once-per's slot.
-const slotTimeout = 5 * time.Second
-
 // onceFlags are --once-per and --retention.
 type onceFlags struct {
 	slot      string
@@ -46,7 +43,7 @@ func (r *runner) slotDone(ctx context.Context) error {
 	if r.opts.once.slot == "" {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, slotTimeout)
+	ctx, cancel := context.WithTimeout(ctx, once.RecordTimeout)
 	defer cancel()
 	done, err := once.Done(ctx, r.cli, once.Key(r.names[0], r.opts.once.slot))
 	switch {
@@ -66,7 +63,7 @@ func (r *runner) slotDone(ctx context.Context) error {
 // recorded; exitUnavailable if etcd failed, the record then in etcd or not.
 func (r *runner) recordSlot() error {
 	held, _ := etcdlock.NewMutex(r.s, r.names[0]).Held()
-	ctx, cancel := context.WithTimeout(context.Background(), slotTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), once.RecordTimeout)
 	defer cancel()
 	err := once.Record(ctx, r.cli, once.Key(r.names[0], r.opts.once.slot), held.Fence().String(), held.IsOwner(), r.opts.once.retention)
 	switch {

@@ -46,6 +46,12 @@ func Done(ctx context.Context, kv clientv3.KV, key string) (bool, error) {
 	return resp.Count > 0, nil
 }
 
+// RecordTimeout bounds the record of a slot once its work is done, and the
+// CLI's reads of a record: the record is written even if the caller's
+// context ended meanwhile, since the work is done and an unrecorded slot
+// runs again.
+const RecordTimeout = 5 * time.Second
+
 // retryPause is the pause before a put whose reply was lost is sent again.
 const retryPause = 100 * time.Millisecond
 
