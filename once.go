@@ -16,8 +16,8 @@ type OnceResult int
 const (
 	// OnceRan: f ran. With a nil error, f returned nil and the slot is
 	// recorded done. With f's error or ErrLockLost, nothing is recorded:
-	// a later call runs f again. With another error (etcd's, once f
-	// returned nil), the record may or may not be in etcd.
+	// a later call runs f again; with ErrStalled, only if f returned nil;
+	// with etcd's (once f returned nil), it may or may not be.
 	OnceRan OnceResult = iota + 1
 	// OnceDone: f did not run, the slot being recorded done, read before
 	// the lock was taken or once it was held.
@@ -41,43 +41,27 @@ func (o OnceResult) String() string {
 	return "did not run"
 }
 
-// DoOnce runs f at most once per slot of the lock, across every Session and
-// process that names the same lock and slot (such as "2026-11-26T03:00" for
-// a nightly run): it returns OnceDone if etcd holds the slot's record; else
-// it takes the lock as Do does, reads the record again, and runs f only if
-// it is still missing. When f returns nil, it records the slot done in one
-// Txn guarded by the hold's IsOwner, with a lease of retention (rounded up
-// to whole seconds, and raised by etcd to its minimum TTL) granted for the
-// record alone: the record outlives the hold and the Session, and expires
-// after retention, when the slot can run again. It reads no clock: whether
-// the slot is done is etcd's record alone, so a node that comes late, or
-// whose clock is off, skips the slot once another ran it.
-//
-// It returns (OnceRan, nil) once the record is in etcd; (OnceRan, f's
-// error) or (OnceRan, ErrLockLost) with nothing recorded, so that a later
-// call runs f; (OnceRan, etcd's error) if the record's put failed, the
-// record then in etcd or not; with WithWatchdog, (OnceRan, ErrStalled) once
-// the watchdog cancelled f, the slot recorded only if f returned nil. A put
-// whose reply was lost is sent again, being the same write: it never makes
-// f run twice. A crash while f runs (the process, or its lease) leaves the
-// slot not done. The errors of the lock, and a slot already done, leave f
-// not run and nothing written; the empty slot, a retention <= 0, a nil f or
-// ctx return ErrInvalidArgument wrapped, with nothing read or written.
-//
-// At most once holds as far as the lock excludes: a hold lost while f runs
-// (Done closes, f's context is cancelled) lets another take the lock and run
-// f before this f has returned; f's writes can refuse such a run with the
-// hold's fence (HoldFrom). The record's key, etcdlock.done.NAME@SLOT
-// ("%", "/" and "@" written %XX), is counted by no lock's queue.
+// DoOnce runs f at most once per slot (such as "2026-11-26T03:00") across
+// every process that names the same lock and slot: OnceDone if etcd holds the
+// slot's record; else it takes the lock as Do does, reads the record again,
+// and runs f only if still missing. When f returns nil, the record is put,
+// guarded by IsOwner, on a lease of its own of retention (whole seconds, at
+// least etcd's minimum TTL): it outlives the hold and the Session, and the
+// slot can run again once it expires. No clock is read: a node that comes
+// late, or whose clock is off, skips a slot another ran. A put sent again
+// after a lost reply never makes f run twice; a crash while f runs leaves
+// the slot not done. The lock's errors leave f not run and nothing written;
+// the empty slot, retention <= 0, or a nil f or ctx is ErrInvalidArgument,
+// wrapped, nothing read or written. At most once holds as far as the lock
+// excludes: f's writes can refuse a run after a lost hold with its fence
+// (HoldFrom). The record is etcdlock.done.NAME@SLOT ("%", "/", "@" as %XX).
 func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, waitForever, f)
 }
 
-// TryDoOnce is DoOnce waiting at most wait for the lock (0 tries once): it
-// returns (OnceBusy, nil), having run nothing and written nothing, when the
-// lock was held or waited for by another for the whole wait. For crontab
-// runs, where a run that finds the slot's run under way should skip it
-// rather than queue behind it.
+// TryDoOnce is DoOnce waiting at most wait for the lock (0: one try), for
+// cron runs that skip a slot whose run is under way: (OnceBusy, nil), nothing
+// run or written, when another held or waited for the lock the whole wait.
 func (m *Mutex) TryDoOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, max(wait, tryOnly), f)
 }

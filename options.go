@@ -109,71 +109,45 @@ func WithIdentity(id string) SessionOption {
 }
 
 // WithRenewal makes a Session that outlives its leases, for a long-running
-// service. When its lease is lost, every hold on it is lost as without
-// WithRenewal (its Done closes before the lease can expire), and the Session
-// revokes the old lease and grants a new one in the background, with backoff
-// (docs/design.md §9). Meanwhile Lock blocks, TryLock returns false, and the
-// context methods wait for the new lease (bounded by ctx and TryLockFor's
-// wait), or return ErrSessionExpired where they were under way on the lost
-// lease or none came (at once for a try). Its Done closes only at Close, the
-// end of the WithContext context, or when the client is closed.
+// service. A lost lease loses every hold on it as without WithRenewal, and a
+// new one is granted in the background, with backoff (docs/design.md §9).
+// Meanwhile Lock blocks, TryLock returns false, and the context methods wait
+// for the new lease (bounded by ctx and TryLockFor's wait), or return
+// ErrSessionExpired where they were under way on the lost lease or none came
+// (at once for a try). Its Done closes only at Close, the end of the
+// WithContext context, or when the client is closed.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
 
-// WithMaxHold caps every hold of the Session (of every kind, and Do's and
-// Lead's) at d from its acquisition (default: no cap), for a holder that may
-// hang: once d has passed, the hold's Done closes (HoldLost, LossMaxHold),
-// and then its key is deleted, fenced on its token, so that the next in the
-// queue holds; the holder's unlock returns ErrLockLost, and Do and Lead see
-// f's context cancelled. A hold ended before d is not touched. d <= 0:
-// NewSession returns ErrInvalidArgument.
-//
-// A cap makes a lock safe only with fencing: a holder that hangs past d and
-// then writes is no longer alone, so the resource must refuse its token or
-// the write be guarded by IsOwner. A hold handed on within the Session
-// (WithLocalHandoff) counts d from the hand-off. With a cap, the lease
-// term's loss watch watches the hold from its acquisition, as Done does.
+// WithMaxHold caps every hold of the Session (of every kind, Do's and Lead's
+// too) at d from its acquisition (default: no cap), for a holder that may
+// hang: the package doc (For the people on call) says what a cap does; it
+// makes a lock safe only with fencing. d <= 0: NewSession returns
+// ErrInvalidArgument.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
 
-// WithWatchdog makes Do and Lead on the Session watch their f (default: no
-// watchdog), as client-go's HealthzAdaptor does for its elector: f reports
-// progress with Progress(ctx); when it has not for period, f's context is
-// cancelled, the lock is released once f returns, and Do returns
-// ErrStalled; Lead campaigns again. If f has still not returned period after
-// that, the Session is closed, which revokes its lease and so frees every
-// lock of the Session for others; Do and Lead then return ErrStalled when f
-// returns. A period starts when f does. period <= 0: NewSession and Lead
-// return ErrInvalidArgument.
+// WithWatchdog makes Do and Lead on the Session watch their f with period
+// (default: no watchdog), as client-go's HealthzAdaptor does for its elector
+// and as the package doc says (For jobs): Do then returns ErrStalled; Lead
+// campaigns again, and returns ErrStalled where it had to close the Session.
+// A period starts when f does. period <= 0: NewSession and Lead return
+// ErrInvalidArgument.
 func WithWatchdog(period time.Duration) SessionOption {
 	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
 }
 
-// WithLockDelay makes an acquisition of the Session that waited wait d more
-// before it returns (default: none), where a key that was ahead of it in the
-// queue went with its lease (expired or revoked: a holder that crashed, or
-// was cut off) rather than by an unlock: a holder that was only cut off has
-// that long to see its loss, as Chubby's and Consul's lock-delay give. A
-// clean unlock hands off at once. The acquisition holds (its key is the
-// holder's) during the delay, and its hold is made before it: a cap
-// (WithMaxHold) counts from the hold, and a loss during the delay (the key
-// deleted, the lease gone or silent, the cap reached) ends the acquisition
-// with ErrLockLost, wrapped, its key deleted; if ctx ends meanwhile, it
-// deletes its key and returns ctx.Err(). TryLockFor's wait does not bound
-// the delay: ctx does.
-//
-// How it tells them apart: once it holds, it reads the queue as it was when
-// its key was put (one read at that revision) and asks etcd whether the
-// lease of each key ahead still exists (LeaseTimeToLive): an unlock deletes
-// the key and leaves the lease, a crash takes the lease with it. Where it
-// cannot tell (the revision compacted, etcd not answering, a holder that
-// unlocked and then revoked its lease, as Close does, before the question),
-// it delays: it never skips the delay after a crash it could have seen. A key
-// deleted while its lease lives (an unlock, or Release by hand) is no crash. An
-// acquisition that did not wait (no key ahead when it queued) is not
-// delayed, even right after a crash. d <= 0: NewSession returns
+// WithLockDelay makes an acquisition that waited behind a key that went with
+// its lease (its holder crashed or was cut off), rather than by an unlock or a
+// delete, hold d more before it returns (default: none), as Chubby's and
+// Consul's lock-delay: a holder only cut off has that long to see its loss.
+// Where etcd cannot tell which (docs/design.md §11), it delays; a call that
+// did not wait is not delayed. The hold is made before the delay: a cap counts
+// from it, and a loss during it ends the call with ErrLockLost, wrapped, its
+// key deleted; if ctx ends, it deletes its key and returns ctx.Err().
+// TryLockFor's wait does not bound the delay. d <= 0: NewSession returns
 // ErrInvalidArgument.
 func WithLockDelay(d time.Duration) SessionOption {
 	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })

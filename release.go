@@ -10,30 +10,18 @@ import (
 // Breaking a stuck lock: an operator deletes a holder's key, fenced on its
 // token, and the holder learns of it through its loss signal.
 
-// Release deletes the key of e, an entry that Inspect (or Follow) returned
-// for the lock called name, if that key still exists with e.Token as its
-// create revision: it breaks a hold, or takes a waiter out of the queue, of
-// any kind (Mutex, reader, writer, permit, one of a MultiMutex's keys, Lead's,
-// concurrency.Mutex's, etcdctl lock's). It is one Txn, fenced on the token:
-// it never deletes a later hold of the same key.
-//
-// The holder's Done closes within about 100 ms (HoldLost, LossKeyDeleted,
-// names the key and token); its IsOwner guard fails at once; its last unlock
-// returns ErrLockLost; Do's and Lead's f see their context cancelled, and
-// Lead campaigns again. The next in the queue holds at once. A holder that
-// never looks at Done goes on as if it held: Release makes a lock safe only
-// for a resource fenced on the token or guarded by IsOwner. Of a MultiMutex's
-// hold, Release deletes the one key given: the holder's Done closes, and its
-// other keys (same lease and token under its other names) stay, and block
-// those names, until its unlock deletes them or its lease ends.
-//
-// It returns nil when it deleted the key; ErrNotHeld, wrapped, changing
-// nothing, when the key is gone or was put again (a new token): the hold
-// ended or was released already; ErrInvalidName for the empty name;
-// ErrInvalidArgument, wrapped, writing nothing, for a nil context or client,
-// a key that is not a key of name's queue, or a token that is not positive;
-// else etcd's error, wrapped, where the delete may or may not have been
-// applied (Inspect tells).
+// Release deletes the key of e, an entry Inspect or Follow returned for the
+// lock called name, in one Txn if it still has e.Token as its create revision
+// (never a later hold of the key): it breaks a hold, or takes a waiter out, of
+// any kind (concurrency.Mutex's and etcdctl lock's too). The holder loses the
+// hold (LossKeyDeleted; package doc, For the people on call); the next in the
+// queue holds at once. Of a MultiMutex's hold it deletes that key: the others
+// block their names until its unlock or its lease's end. It returns nil when
+// it deleted the key; ErrNotHeld, wrapped, changing nothing, when the key is
+// gone or has another token; ErrInvalidName for the empty name;
+// ErrInvalidArgument, wrapped, writing nothing, for a nil context or client, a
+// key not of name's queue, or a token below 1; else etcd's error, wrapped, the
+// delete applied or not (Inspect tells).
 func Release(ctx context.Context, client *clientv3.Client, name string, e QueueEntry) error {
 	if err := validateClient(ctx, client, name); err != nil {
 		return err
