@@ -92,8 +92,8 @@ func (f *Fence) UnmarshalText(text []byte) error {
 }
 
 // ParseFence reads the text form of a fence. Anything else (another prefix, a
-// token that is not a positive decimal, an empty name, a bad escape, a key not
-// a lock key of the name) is an error wrapping ErrInvalidFence, saying what.
+// token not a positive decimal, an empty name, a bad escape, a key not a lock
+// key of the name) is an error wrapping ErrInvalidFence that says what.
 func ParseFence(s string) (Fence, error) {
 	body, ok := strings.CutPrefix(s, fenceText)
 	if !ok {

@@ -24,8 +24,7 @@ type MultiMutex struct {
 	group string        // the names, joined: the mark of its holds in their records
 }
 
-// NewMultiMutex returns a handle on the locks called names, in any order, as
-// NewMutex does.
+// NewMultiMutex returns a handle on the locks called names, in any order.
 func NewMultiMutex(s *Session, names ...string) *MultiMutex {
 	names = slices.Compact(slices.Sorted(slices.Values(names)))
 	m := &MultiMutex{s: s, names: names, group: strings.Join(names, "\x00")}
@@ -85,8 +84,7 @@ func (m *MultiMutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, 
 	return m.acquire(ctx, max(wait, tryOnly))
 }
 
-// TryLock takes every lock if nobody holds or waits for any of the names,
-// as Mutex.TryLock does.
+// TryLock takes every lock if nobody holds or waits for any of the names.
 func (m *MultiMutex) TryLock() bool { return tryOnce(m.acquire) }
 
 // Lock takes every lock, as Mutex.Lock does.
@@ -149,9 +147,8 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 	return err == nil, err
 }
 
-// UnlockContext ends one hold, as Mutex.UnlockContext does; the last one
-// deletes every key in one Txn, and if a key was gone, deletes the others and
-// returns ErrLockLost.
+// UnlockContext ends one hold; the last deletes every key in one Txn, and
+// returns ErrLockLost, having deleted the others, if one was gone.
 func (m *MultiMutex) UnlockContext(ctx context.Context) error {
 	if err := m.check(ctx); err != nil {
 		return err
@@ -188,8 +185,7 @@ func (m *MultiMutex) Held() (Hold, bool) {
 	return Hold{}, false
 }
 
-// Token returns the fencing token of the Session's hold, whichever goroutine
-// asks, or 0: the create revision of every key of it.
+// Token returns the token of the Session's hold (every key's), or 0.
 func (m *MultiMutex) Token() int64 {
 	if h := m.current(false); h != nil {
 		return h.token()
@@ -197,8 +193,7 @@ func (m *MultiMutex) Token() int64 {
 	return 0
 }
 
-// Done returns the loss signal of the Session's hold, as Mutex.Done does; it
-// closes when any of its keys is lost.
+// Done returns the Session's hold's loss signal: any of its keys lost.
 func (m *MultiMutex) Done() <-chan struct{} {
 	if h := m.current(false); h != nil {
 		return h.lost()

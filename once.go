@@ -27,8 +27,7 @@ const (
 	OnceBusy
 )
 
-// String returns "ran", "skipped: done", "skipped: busy", or "did not run"
-// for the zero OnceResult.
+// String returns "ran", "skipped: done", "skipped: busy", or "did not run" (0).
 func (o OnceResult) String() string {
 	switch o {
 	case OnceRan:

@@ -44,9 +44,9 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 	}
 }
 
-// WithTTL sets the lease TTL, rounded up to whole seconds (etcd may raise
-// it): how long the lock stays taken after this process dies or is cut off,
-// and how long a holder may believe it holds a lock it has lost.
+// WithTTL sets the lease TTL, rounded up to whole seconds (etcd may raise it):
+// how long a lock stays taken after this process dies or is cut off, and how
+// long a holder may believe it holds a lock it has lost.
 func WithTTL(ttl time.Duration) SessionOption {
 	return positive("TTL", ttl, func(o *sessionOptions) *time.Duration { return &o.ttl })
 }
@@ -89,9 +89,8 @@ func WithContext(ctx context.Context) SessionOption {
 }
 
 // WithLocalHandoff lets a lock pass to the Session's next waiting goroutine
-// without etcd, at most n times in a row (default 0): other processes wait
-// for at most n+1 local holds. The key and token go on, so a resource fenced
-// on tokens cannot tell those goroutines apart.
+// without etcd, at most n times in a row (default 0): other processes wait for
+// at most n+1 local holds. Key and token go on, the same for those goroutines.
 func WithLocalHandoff(n int) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if n < 0 {
@@ -122,19 +121,17 @@ func WithRenewal() SessionOption {
 
 // WithMaxHold caps every hold of the Session (of every kind, Do's and Lead's
 // too) at d from its acquisition (default: no cap), for a holder that may
-// hang: the package doc (For the people on call) says what a cap does; it
-// makes a lock safe only with fencing. d <= 0: NewSession returns
-// ErrInvalidArgument.
+// hang, as the package doc says (For the people on call); safe only with
+// fencing. d <= 0: NewSession returns ErrInvalidArgument.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
 
 // WithWatchdog makes Do and Lead on the Session watch their f with period
-// (default: no watchdog), as client-go's HealthzAdaptor does for its elector
-// and as the package doc says (For jobs): Do then returns ErrStalled; Lead
-// campaigns again, and returns ErrStalled where it had to close the Session.
-// A period starts when f does. period <= 0: NewSession and Lead return
-// ErrInvalidArgument.
+// (default: none), as client-go's HealthzAdaptor does for its elector and as
+// the package doc says (For jobs): Do then returns ErrStalled; Lead campaigns
+// again, and returns ErrStalled where it closed the Session. A period starts
+// when f does. period <= 0: NewSession and Lead return ErrInvalidArgument.
 func WithWatchdog(period time.Duration) SessionOption {
 	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
 }
@@ -144,17 +141,15 @@ func WithWatchdog(period time.Duration) SessionOption {
 // delete, hold d more before it returns (default: none), as Chubby's and
 // Consul's lock-delay: a holder only cut off has that long to see its loss.
 // Where etcd cannot tell which (docs/design.md §11), it delays; a call that
-// did not wait is not delayed. The hold is made before the delay: a cap counts
-// from it, and a loss during it ends the call with ErrLockLost, wrapped, its
-// key deleted; if ctx ends, it deletes its key and returns ctx.Err().
-// TryLockFor's wait does not bound the delay. d <= 0: NewSession returns
-// ErrInvalidArgument.
+// did not wait is not delayed. The hold is made first: a cap counts from it,
+// and a loss during the delay ends the call with ErrLockLost, wrapped, its key
+// deleted; if ctx ends, it deletes its key and returns ctx.Err(). ctx, not
+// TryLockFor's wait, bounds the delay. d <= 0: NewSession fails.
 func WithLockDelay(d time.Duration) SessionOption {
 	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }
 
-// WithObserver adds o to the Session's observers; package
-// etcdlock/prometheus makes metrics of them.
+// WithObserver adds o to the Session's observers (etcdlock/prometheus).
 func WithObserver(o Observer) SessionOption {
 	return sessionOptionFunc(func(so *sessionOptions) {
 		if o == nil {

@@ -17,7 +17,7 @@ const (
 
 // A Session is one etcd lease, kept alive in the background and shared by
 // every lock made with it: when the process dies, etcd deletes its keys within
-// the TTL. It ends with its lease, unless made WithRenewal. Close it when done.
+// the TTL. It ends with its lease, unless WithRenewal. Close it when done.
 type Session struct {
 	client      *clientv3.Client
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
