@@ -16,14 +16,12 @@ import (
 // otherwise, so that a reader of this one refuses it.
 const fenceText = "etcdlock:"
 
-// A Fence names one hold so that the resource a lock guards can check it. Its
-// text form (String) goes in an HTTP header, an SQL parameter, a message or an
-// environment variable; ParseFence reads it back. A resource that keeps the
-// highest Token per Name and refuses lower ones accepts no write from a holder
-// paused or cut off after etcd gave the lock to another (package fence does so
-// in SQL and HTTP). That rule is for exclusive holds: an RWMutex's readers and
-// a Semaphore's permits hold together, and the older would be refused;
-// CheckFence answers for them too. The zero Fence names no hold.
+// A Fence names one hold, for the resource a lock guards; its text form
+// (String) goes in a header, a parameter or a message. A resource that keeps
+// the highest Token per Name and refuses lower ones refuses a holder paused or
+// cut off after etcd gave the lock to another (package fence, in SQL and HTTP),
+// for exclusive holds: readers and permits hold together (CheckFence answers
+// for them). The zero Fence names no hold.
 type Fence struct {
 	Name  string // the lock's name: the resource keeps the highest token per name
 	Key   string // the hold's key, under Name+"/"
@@ -52,10 +50,10 @@ func (p *Permit) Fence() Fence {
 	return Fence{Name: p.sem.name, Key: p.h.t.Key(), Token: p.h.token()}
 }
 
-// String returns the text form, "" for the zero Fence: etcdlock:TOKEN:NAME:KEY
-// (the key after the name's "/"), such as etcdlock:1042:jobs/nightly:694d8f3a2b1c,
-// bytes other than ASCII letters, digits and -_./~ written %XX: printable ASCII
-// without spaces, which ParseFence reads back the same.
+// String returns the text form (ParseFence reads it back), "" for the zero
+// Fence: etcdlock:TOKEN:NAME:KEY such as etcdlock:1042:jobs/nightly:694d8f3a2b1c
+// (KEY after the name's "/"), printable ASCII: other than letters, digits and
+// -_./~, bytes are written %XX.
 func (f Fence) String() string {
 	if f == (Fence{}) {
 		return ""
@@ -133,14 +131,11 @@ func (f Fence) valid() error {
 	return nil
 }
 
-// CheckFence reports, with one read of the lock's queue, whether f's hold
-// holds now, as Chubby's CheckSequencer, for a server that receives a fence and
-// can reach etcd: nil if its key is in etcd with f's token and holds; an error
-// wrapping ErrLockLost if the key is gone, was made anew or waits; wrapping
-// ErrInvalidFence for an invalid f; else etcd's. It writes nothing. The answer
-// is true at a moment during the call only: a write that must not follow a lost
-// hold still needs a resource that refuses stale tokens, or a Txn guarded by
-// the key's create revision.
+// CheckFence reports, in one read, whether f's hold holds now (Chubby's
+// CheckSequencer): nil if so; ErrLockLost, wrapped, if its key is gone, made
+// anew or waits; ErrInvalidFence, wrapped, for an invalid f; else etcd's
+// error. It writes nothing. A hold can be lost right after: a write that must
+// not follow a lost hold still needs fencing or a guarded Txn.
 func CheckFence(ctx context.Context, client *clientv3.Client, f Fence) error {
 	if err := f.valid(); err != nil {
 		return err

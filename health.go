@@ -10,11 +10,10 @@ import (
 // bound its holds rely on.
 
 // Health returns nil while etcd has acknowledged a keep-alive sent less than
-// 2/3 of the TTL ago (beyond it, holds' Done close); else ErrSessionExpired,
-// wrapped, once the Session ended or, WithRenewal, while it has no lease; else
-// an error saying how long etcd has not acknowledged one. It sends nothing to
-// etcd: nil says that the lease lived 1/3 of the TTL ago, not that etcd answers
-// now. A nil Session gives ErrInvalidArgument.
+// 2/3 of the TTL ago, the bound of holds' Done; else ErrSessionExpired, wrapped,
+// once the Session ended or, WithRenewal, while it has no lease; else an error
+// saying since when. It sends nothing: nil says the lease lived 1/3 of the TTL
+// ago, not that etcd answers now. A nil Session gives ErrInvalidArgument.
 func (s *Session) Health() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalidArgument)

@@ -12,11 +12,10 @@ import (
 // holdCapKey is the context key of CapHold's cap.
 type holdCapKey struct{}
 
-// CapHold returns a copy of ctx under which a lock call (whatever acquires
-// with it: LockContext, Acquire, Do, Lead...) caps the hold it takes at d, as
-// WithMaxHold caps every hold of a Session; a hold handed on keeps its cap,
-// whatever the CapHold of the goroutine it is handed to. d <= 0, or a nil ctx,
-// is an error wrapping ErrInvalidArgument, and ctx is returned unchanged.
+// CapHold returns a copy of ctx under which a lock call (LockContext, Acquire,
+// Do, Lead...) caps the hold it takes at d, as WithMaxHold caps a Session's; a
+// hold handed on keeps its cap. d <= 0, or a nil ctx, is an error wrapping
+// ErrInvalidArgument, and ctx is returned unchanged.
 func CapHold(ctx context.Context, d time.Duration) (context.Context, error) {
 	switch {
 	case ctx == nil:

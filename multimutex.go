@@ -11,12 +11,10 @@ import (
 	"github.com/etcdlock/etcdlock/internal/queue"
 )
 
-// A MultiMutex is several locks taken together, and a sync.Locker: it holds
-// every one of its names, or none. Its keys are its names' Mutex keys, put by
-// one Txn at one revision (the token): it excludes and is excluded by a Mutex
-// of any of its names. MultiMutexes that share names never wait for each
-// other in a cycle, whatever the order of their names (docs/design.md §10).
-// A goroutine that holds one of its names another way gets ErrWouldDeadlock.
+// A MultiMutex holds all of its names, or none, and is a sync.Locker. Its keys
+// are its names' Mutex keys, put by one Txn (one token): it excludes a Mutex of
+// each name. MultiMutexes never wait for each other in a cycle, whatever the
+// order of their names; one of its names held another way is ErrWouldDeadlock.
 type MultiMutex struct {
 	s     *Session
 	names []string      // sorted, distinct

@@ -41,19 +41,16 @@ func (o OnceResult) String() string {
 }
 
 // DoOnce runs f at most once per slot (such as "2026-11-26T03:00") across
-// every process that names the same lock and slot: OnceDone if etcd holds the
-// slot's record; else it takes the lock as Do does, reads the record again,
-// and runs f only if still missing. When f returns nil, the record is put,
-// guarded by IsOwner, on a lease of its own of retention (whole seconds, at
-// least etcd's minimum TTL): it outlives the hold and the Session, and the
-// slot can run again once it expires. No clock is read: a node that comes
-// late, or whose clock is off, skips a slot another ran. A put sent again
-// after a lost reply never makes f run twice; a crash while f runs leaves
-// the slot not done. The lock's errors leave f not run and nothing written;
-// the empty slot, retention <= 0, or a nil f or ctx is ErrInvalidArgument,
-// wrapped, nothing read or written. At most once holds as far as the lock
-// excludes: f's writes can refuse a run after a lost hold with its fence
-// (HoldFrom). The record is etcdlock.done.NAME@SLOT ("%", "/", "@" as %XX).
+// every process that names the lock and slot: OnceDone while etcd holds the
+// slot's record; else it runs f as Do does, if the record is still missing
+// once held, and when f returns nil puts the record, guarded by the hold, on a
+// lease of retention (whole seconds, at least etcd's minimum TTL): it outlives
+// the hold, and the slot can run again once it expires. No clock is read. A
+// lost reply never makes f run twice; a crash under f leaves the slot not
+// done. The lock's errors, and an empty slot, retention <= 0, nil f or ctx
+// (ErrInvalidArgument, wrapped), leave f not run and nothing written. f's
+// writes can refuse a run after a lost hold with its fence (HoldFrom). The
+// record is etcdlock.done.NAME@SLOT.
 func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, waitForever, f)
 }

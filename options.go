@@ -44,9 +44,9 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 	}
 }
 
-// WithTTL sets the lease TTL, rounded up to whole seconds (etcd may raise it):
-// how long a lock stays taken after this process dies or is cut off, and how
-// long a holder may believe it holds a lock it has lost.
+// WithTTL sets the lease TTL, in whole seconds (etcd may raise it): how long a
+// lock stays taken after this process dies or is cut off, and how long a holder
+// may believe it holds a lock it has lost.
 func WithTTL(ttl time.Duration) SessionOption {
 	return positive("TTL", ttl, func(o *sessionOptions) *time.Duration { return &o.ttl })
 }
@@ -63,9 +63,9 @@ func positive(what string, d time.Duration, field func(*sessionOptions) *time.Du
 	})
 }
 
-// WithLease makes the Session adopt an existing lease, to take back after a
-// restart a lock whose key is still attached to it (ErrSessionExpired if it
-// is gone). Never share a lease between processes: etcd sees one holder.
+// WithLease makes the Session adopt a lease, to take back after a restart a
+// lock whose key is still on it (ErrSessionExpired if it is gone). Never
+// share a lease between processes: etcd sees one holder.
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if id <= 0 {
@@ -107,14 +107,12 @@ func WithIdentity(id string) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.identity = id })
 }
 
-// WithRenewal makes a Session that outlives its leases, for a long-running
-// service. A lost lease loses every hold on it as without WithRenewal, and a
-// new one is granted in the background, with backoff (docs/design.md §9).
-// Meanwhile Lock blocks, TryLock returns false, and the context methods wait
-// for the new lease (bounded by ctx and TryLockFor's wait), or return
-// ErrSessionExpired where they were under way on the lost lease or none came
-// (at once for a try). Its Done closes only at Close, the end of the
-// WithContext context, or when the client is closed.
+// WithRenewal makes a Session that outlives its leases: a lost lease loses its
+// holds, and a new one is granted in the background (docs/design.md §9), for
+// which Lock and the context methods wait (bounded by ctx and TryLockFor's
+// wait; ErrSessionExpired if under way on the lost lease, or none came, or for
+// a try). TryLock returns false. Its Done closes only at Close, the WithContext
+// context's end or its client's close.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
@@ -136,15 +134,14 @@ func WithWatchdog(period time.Duration) SessionOption {
 	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
 }
 
-// WithLockDelay makes an acquisition that waited behind a key that went with
-// its lease (its holder crashed or was cut off), rather than by an unlock or a
-// delete, hold d more before it returns (default: none), as Chubby's and
-// Consul's lock-delay: a holder only cut off has that long to see its loss.
-// Where etcd cannot tell which (docs/design.md §11), it delays; a call that
-// did not wait is not delayed. The hold is made first: a cap counts from it,
-// and a loss during the delay ends the call with ErrLockLost, wrapped, its key
-// deleted; if ctx ends, it deletes its key and returns ctx.Err(). ctx, not
-// TryLockFor's wait, bounds the delay. d <= 0: NewSession fails.
+// WithLockDelay makes an acquisition that waited behind a key gone with its
+// lease (a holder crashed or cut off) hold d more before it returns, as
+// Chubby's lock-delay: a holder cut off has that long to see its loss. Not
+// after an unlock, a delete, or no wait; where etcd cannot tell, it delays
+// (docs/design.md §11). The hold comes first: a cap counts from it; a loss,
+// or ctx's end (not TryLockFor's wait), ends the delay (ErrLockLost, wrapped,
+// or ctx.Err()), deleting the key. d <= 0: NewSession returns
+// ErrInvalidArgument.
 func WithLockDelay(d time.Duration) SessionOption {
 	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }

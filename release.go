@@ -10,18 +10,16 @@ import (
 // Breaking a stuck lock: an operator deletes a holder's key, fenced on its
 // token, and the holder learns of it through its loss signal.
 
-// Release deletes the key of e, an entry Inspect or Follow returned for the
-// lock called name, in one Txn if it still has e.Token as its create revision
-// (never a later hold of the key): it breaks a hold, or takes a waiter out, of
-// any kind (concurrency.Mutex's and etcdctl lock's too). The holder loses the
-// hold (LossKeyDeleted; package doc, For the people on call); the next in the
-// queue holds at once. Of a MultiMutex's hold it deletes that key: the others
-// block their names until its unlock or its lease's end. It returns nil when
-// it deleted the key; ErrNotHeld, wrapped, changing nothing, when the key is
-// gone or has another token; ErrInvalidName for the empty name;
-// ErrInvalidArgument, wrapped, writing nothing, for a nil context or client, a
-// key not of name's queue, or a token below 1; else etcd's error, wrapped, the
-// delete applied or not (Inspect tells).
+// Release deletes the key of e, an entry of the lock called name's queue (as
+// Inspect shows it), in one Txn if its create revision is still e.Token: it
+// breaks a hold or takes out a waiter of any kind, concurrency.Mutex's too,
+// never a later hold of the key. The next in the queue holds at once. Of a
+// MultiMutex's hold, its other keys stay until its unlock or its lease's end.
+// It returns nil once deleted; ErrNotHeld, wrapped, changing nothing, if the
+// key is gone or has another token; writing nothing, ErrInvalidName for the
+// empty name, ErrInvalidArgument, wrapped, for a nil ctx or client, a key not
+// of name's queue or a token below 1; else etcd's error, wrapped, the delete
+// applied or not (Inspect tells).
 func Release(ctx context.Context, client *clientv3.Client, name string, e QueueEntry) error {
 	if err := validateClient(ctx, client, name); err != nil {
 		return err

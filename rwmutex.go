@@ -10,12 +10,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// An RWMutex is a reader/writer lock: many readers or one writer. A reader
-// that comes after a queued writer waits behind it: writers never starve. It
-// uses, excludes and is excluded by etcd's recipe RWMutex's keys, but not a
-// Mutex of its name. A writer may lock again and RLock; a reader may RLock
-// again, and gets ErrWouldDeadlock for the write lock. A read hold's token
-// fences writes only against later writers.
+// An RWMutex is a reader/writer lock: many readers or one writer, writers
+// never starved by later readers. It excludes etcd's recipe RWMutex (whose
+// keys it uses), not a Mutex of its name. A writer may lock again and RLock; a
+// reader may RLock again, and gets ErrWouldDeadlock for the write lock. A read
+// hold's token fences writes only against later writers.
 type RWMutex struct {
 	s      *Session
 	name   string

@@ -129,10 +129,9 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 }
 
 // Close revokes the lease, which deletes the keys of every lock held or awaited
-// with it, within 5 s even where etcd is unreachable (the lease then expires
-// within the TTL), plus the observers' time over the events queued. It returns
-// the revoke's error (nil if the lease was gone, an error if the client was
-// closed first), and so do later calls; every lock call then returns
+// with it, within 5 s even where etcd is unreachable (the lease then expires),
+// plus the observers' time over the events queued. It and later calls return
+// the revoke's error (nil if the lease was gone); then every lock call returns
 // ErrSessionExpired.
 func (s *Session) Close() error {
 	s.end(func(tm *leaseTerm) error {
@@ -171,9 +170,9 @@ func (s *Session) stop() *leaseTerm {
 }
 
 // Done returns a channel closed when the Session ends: Close, the WithContext
-// context's end, its client closed; and without WithRenewal its lease revoked
-// (seen within about TTL/4 + a round trip) or expired, or a TTL since the last
-// acknowledged keep-alive was sent. A hold's Done closes earlier.
+// context's end, its client closed; without WithRenewal, its lease revoked
+// (seen within about TTL/4 + a round trip) or expired, or a TTL past the last
+// acknowledged keep-alive. A hold's Done closes earlier.
 func (s *Session) Done() <-chan struct{} {
 	if s.renews {
 		return s.life.Done()
