@@ -16,21 +16,19 @@ import (
 // otherwise, so that a reader of this one refuses it.
 const fenceText = "etcdlock:"
 
-// A Fence names one hold, for the resource a lock guards; its text form
-// (String) goes in a header, a parameter or a message. A resource that keeps
-// the highest Token per Name and refuses lower ones refuses a holder paused or
-// cut off after etcd gave the lock to another (package fence, in SQL and HTTP),
-// for exclusive holds: readers and permits hold together (CheckFence answers
-// for them). The zero Fence names no hold.
+// A Fence names one hold for the resource a lock guards; String is its text
+// form. A resource that keeps the highest Token per Name and refuses lower
+// ones refuses a holder paused or cut off after etcd gave the lock to another
+// (package fence). For exclusive holds: readers and permits hold together
+// (CheckFence answers for them). The zero Fence names no hold.
 type Fence struct {
 	Name  string // the lock's name: the resource keeps the highest token per name
 	Key   string // the hold's key, under Name+"/"
 	Token int64  // the hold's fencing token: its key's create revision
 }
 
-// Fence returns the hold's fence (a MultiMutex's: its first name's), the zero
-// Fence for the zero Hold. Another name's is Fence{Name: name, Key: m.Key(),
-// Token: m.Token()}, m a Mutex of that name.
+// Fence returns the hold's fence (zero for the zero Hold). A MultiMutex's
+// gives its first name's; another's is a Mutex m's Fence{name, m.Key(), m.Token()}.
 func (h Hold) Fence() Fence {
 	if h.h == nil {
 		return Fence{}
@@ -50,10 +48,9 @@ func (p *Permit) Fence() Fence {
 	return Fence{Name: p.sem.name, Key: p.h.t.Key(), Token: p.h.token()}
 }
 
-// String returns the text form (ParseFence reads it back), "" for the zero
-// Fence: etcdlock:TOKEN:NAME:KEY such as etcdlock:1042:jobs/nightly:694d8f3a2b1c
-// (KEY after the name's "/"), printable ASCII: other than letters, digits and
-// -_./~, bytes are written %XX.
+// String returns the text form, "" for the zero Fence, such as
+// etcdlock:1042:jobs/nightly:694d8f3a2b1c (token, name, key after "name/"),
+// printable ASCII (other bytes than letters, digits, -_./~ written %XX).
 func (f Fence) String() string {
 	if f == (Fence{}) {
 		return ""
@@ -62,8 +59,8 @@ func (f Fence) String() string {
 	return fenceText + strconv.FormatInt(f.Token, 10) + ":" + escapeFence(f.Name) + ":" + escapeFence(rest)
 }
 
-// MarshalText returns the text form, as String does; an error for a Fence
-// that ParseFence would refuse, other than the zero Fence (empty text).
+// MarshalText returns String's form; an error for a non-zero Fence that
+// ParseFence would refuse.
 func (f Fence) MarshalText() ([]byte, error) {
 	if f == (Fence{}) {
 		return []byte{}, nil
@@ -74,8 +71,7 @@ func (f Fence) MarshalText() ([]byte, error) {
 	return []byte(f.String()), nil
 }
 
-// UnmarshalText reads a text form, as ParseFence does; empty text gives the
-// zero Fence. On error f is unchanged.
+// UnmarshalText reads as ParseFence, "" as zero; on error f is unchanged.
 func (f *Fence) UnmarshalText(text []byte) error {
 	if len(text) == 0 {
 		*f = Fence{}
@@ -89,9 +85,8 @@ func (f *Fence) UnmarshalText(text []byte) error {
 	return nil
 }
 
-// ParseFence reads the text form of a fence. Anything else (another prefix, a
-// token not a positive decimal, an empty name, a bad escape, a key not a lock
-// key of the name) is an error wrapping ErrInvalidFence that says what.
+// ParseFence reads String's form; anything else (another prefix, a bad token,
+// name, escape or key) is an error wrapping ErrInvalidFence that says what.
 func ParseFence(s string) (Fence, error) {
 	body, ok := strings.CutPrefix(s, fenceText)
 	if !ok {
@@ -131,11 +126,11 @@ func (f Fence) valid() error {
 	return nil
 }
 
-// CheckFence reports, in one read, whether f's hold holds now (Chubby's
-// CheckSequencer): nil if so; ErrLockLost, wrapped, if its key is gone, made
-// anew or waits; ErrInvalidFence, wrapped, for an invalid f; else etcd's
-// error. It writes nothing. A hold can be lost right after: a write that must
-// not follow a lost hold still needs fencing or a guarded Txn.
+// CheckFence reports, reading the lock's queue once, whether f's hold holds
+// (Chubby's CheckSequencer): nil if so; ErrLockLost, wrapped, if its key is
+// gone, made anew or waits; ErrInvalidFence, wrapped, for an invalid f; else
+// etcd's error. It writes nothing. A hold can be lost right after: a write
+// that must not follow a lost hold still needs fencing or a guarded Txn.
 func CheckFence(ctx context.Context, client *clientv3.Client, f Fence) error {
 	if err := f.valid(); err != nil {
 		return err

@@ -9,25 +9,21 @@ import (
 	"github.com/etcdlock/etcdlock/internal/once"
 )
 
-// A OnceResult says how a DoOnce or TryDoOnce call went. The zero
-// OnceResult, with an error, says that f did not run.
+// A OnceResult says how a DoOnce or TryDoOnce call went; 0, with an error,
+// that f did not run. OnceRan with a nil error: f returned nil and the slot
+// is recorded done; with f's error or ErrLockLost, nothing is recorded (a
+// later call runs f); with ErrStalled, only if f returned nil; with etcd's,
+// the record may or may not be in etcd. OnceBusy: another held or waited
+// the whole wait. The slot may be done since.
 type OnceResult int
 
 const (
-	// OnceRan: f ran. With a nil error, f returned nil and the slot is
-	// recorded done. With f's error or ErrLockLost, nothing is recorded:
-	// a later call runs f again; with ErrStalled, only if f returned nil;
-	// with etcd's (once f returned nil), it may or may not be.
-	OnceRan OnceResult = iota + 1
-	// OnceDone: f did not run, the slot being recorded done, read before
-	// the lock was taken or once it was held.
-	OnceDone
-	// OnceBusy: f did not run, the lock being held or waited for by
-	// another for the whole wait of TryDoOnce. The slot may be done since.
-	OnceBusy
+	OnceRan  OnceResult = iota + 1 // f ran
+	OnceDone                       // f did not run: the slot was recorded done, before the lock or once held
+	OnceBusy                       // f did not run: the lock was busy (TryDoOnce)
 )
 
-// String returns "ran", "skipped: done", "skipped: busy", or "did not run" (0).
+// String returns "ran", "skipped: done", "skipped: busy" or "did not run".
 func (o OnceResult) String() string {
 	switch o {
 	case OnceRan:
@@ -40,24 +36,21 @@ func (o OnceResult) String() string {
 	return "did not run"
 }
 
-// DoOnce runs f at most once per slot (such as "2026-11-26T03:00") across
-// every process that names the lock and slot: OnceDone while etcd holds the
-// slot's record; else it runs f as Do does, if the record is still missing
-// once held, and when f returns nil puts the record, guarded by the hold, on a
-// lease of retention (whole seconds, at least etcd's minimum TTL): it outlives
-// the hold, and the slot can run again once it expires. No clock is read. A
-// lost reply never makes f run twice; a crash under f leaves the slot not
-// done. The lock's errors, and an empty slot, retention <= 0, nil f or ctx
-// (ErrInvalidArgument, wrapped), leave f not run and nothing written. f's
-// writes can refuse a run after a lost hold with its fence (HoldFrom). The
-// record is etcdlock.done.NAME@SLOT.
+// DoOnce runs f at most once per slot (a date, say) across the processes
+// that name the lock and slot: OnceDone while etcd holds the slot's record;
+// else it runs f as Do does if the record is still missing once held, and if
+// f returns nil puts the record, guarded by the hold, on a lease of retention
+// (at least etcd's minimum TTL): then the slot can run again. It reads no
+// clock; a lost reply never makes f run twice; a crash under f leaves the
+// slot not done. Bad input (ErrInvalidArgument) and the lock's errors leave f
+// not run, nothing written. Once as far as the lock excludes: fence (HoldFrom).
 func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, waitForever, f)
 }
 
-// TryDoOnce is DoOnce waiting at most wait for the lock (0: one try), for
-// cron runs that skip a slot whose run is under way: (OnceBusy, nil), nothing
-// run or written, when another held or waited for the lock the whole wait.
+// TryDoOnce is DoOnce waiting at most wait (0: one try), for cron runs that
+// skip a slot under way: (OnceBusy, nil), nothing run or written, if another
+// held or waited for the lock the whole wait.
 func (m *Mutex) TryDoOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, max(wait, tryOnly), f)
 }

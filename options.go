@@ -15,7 +15,8 @@ import (
 // DefaultTTL is the lease TTL of a Session made without WithTTL.
 const DefaultTTL = 60 * time.Second
 
-// A SessionOption configures NewSession.
+// A SessionOption configures NewSession; an invalid one (a duration or count
+// out of range) makes NewSession return ErrInvalidArgument.
 type SessionOption interface {
 	apply(*sessionOptions)
 }
@@ -44,9 +45,9 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 	}
 }
 
-// WithTTL sets the lease TTL, in whole seconds (etcd may raise it): how long a
-// lock stays taken after this process dies or is cut off, and how long a holder
-// may believe it holds a lock it has lost.
+// WithTTL sets the lease TTL (whole seconds; etcd may raise it): how long a
+// lock stays taken after this process dies or is cut off, and a holder may
+// believe it holds a lost lock.
 func WithTTL(ttl time.Duration) SessionOption {
 	return positive("TTL", ttl, func(o *sessionOptions) *time.Duration { return &o.ttl })
 }
@@ -63,9 +64,8 @@ func positive(what string, d time.Duration, field func(*sessionOptions) *time.Du
 	})
 }
 
-// WithLease makes the Session adopt a lease, to take back after a restart a
-// lock whose key is still on it (ErrSessionExpired if it is gone). Never
-// share a lease between processes: etcd sees one holder.
+// WithLease adopts a lease, to take back after a restart a lock on it (gone:
+// ErrSessionExpired). Never share a lease between processes.
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if id <= 0 {
@@ -76,8 +76,7 @@ func WithLease(id clientv3.LeaseID) SessionOption {
 	})
 }
 
-// WithContext ties the Session to ctx: NewSession's RPCs use it, and its
-// end ends the Session as Close does.
+// WithContext ties the Session to ctx: NewSession's RPCs; Close at its end.
 func WithContext(ctx context.Context) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if ctx == nil {
@@ -88,9 +87,8 @@ func WithContext(ctx context.Context) SessionOption {
 	})
 }
 
-// WithLocalHandoff lets a lock pass to the Session's next waiting goroutine
-// without etcd, at most n times in a row (default 0): other processes wait for
-// at most n+1 local holds. Key and token go on, the same for those goroutines.
+// WithLocalHandoff lets a lock pass to the Session's next waiting goroutine,
+// key and token too, without etcd, n times in a row at most (default 0).
 func WithLocalHandoff(n int) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if n < 0 {
@@ -101,47 +99,40 @@ func WithLocalHandoff(n int) SessionOption {
 	})
 }
 
-// WithIdentity sets the value of every key the Session puts (default ""),
-// which Inspect shows: name the process, and put no secret in it.
+// WithIdentity sets every key's value (default ""), for Inspect: no secret.
 func WithIdentity(id string) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.identity = id })
 }
 
 // WithRenewal makes a Session that outlives its leases: a lost lease loses its
-// holds, and a new one is granted in the background (docs/design.md §9), for
-// which Lock and the context methods wait (bounded by ctx and TryLockFor's
-// wait; ErrSessionExpired if under way on the lost lease, or none came, or for
-// a try). TryLock returns false. Its Done closes only at Close, the WithContext
-// context's end or its client's close.
+// holds and a new one is granted in the background, for which the lock calls
+// wait (within ctx and TryLockFor's wait; ErrSessionExpired if under way on
+// the lost lease, or none came; TryLock: false; a try: ErrSessionExpired).
+// Its Done closes only at Close, WithContext's end or its client's close.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
 
-// WithMaxHold caps every hold of the Session (of every kind, Do's and Lead's
-// too) at d from its acquisition (default: no cap), for a holder that may
-// hang, as the package doc says (For the people on call); safe only with
-// fencing. d <= 0: NewSession returns ErrInvalidArgument.
+// WithMaxHold caps every hold of the Session at d from its acquisition (package
+// doc, For the people on call): safe only with fencing. d <= 0 is invalid.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
 
-// WithWatchdog makes Do and Lead on the Session watch their f with period
-// (default: none), as client-go's HealthzAdaptor does for its elector and as
-// the package doc says (For jobs): Do then returns ErrStalled; Lead campaigns
-// again, and returns ErrStalled where it closed the Session. A period starts
-// when f does. period <= 0: NewSession and Lead return ErrInvalidArgument.
+// WithWatchdog makes Do and Lead watch f with period, as client-go's
+// HealthzAdaptor does (package doc, For jobs): Do returns ErrStalled; Lead
+// campaigns again, or returns ErrStalled if it closed the Session. A period
+// starts when f does. period <= 0: ErrInvalidArgument.
 func WithWatchdog(period time.Duration) SessionOption {
 	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
 }
 
 // WithLockDelay makes an acquisition that waited behind a key gone with its
-// lease (a holder crashed or cut off) hold d more before it returns, as
-// Chubby's lock-delay: a holder cut off has that long to see its loss. Not
-// after an unlock, a delete, or no wait; where etcd cannot tell, it delays
-// (docs/design.md §11). The hold comes first: a cap counts from it; a loss,
-// or ctx's end (not TryLockFor's wait), ends the delay (ErrLockLost, wrapped,
-// or ctx.Err()), deleting the key. d <= 0: NewSession returns
-// ErrInvalidArgument.
+// lease (a crash, or a holder cut off), not by an unlock or delete, hold d
+// more, as Chubby's lock-delay, so that a holder cut off sees its loss first
+// (where etcd cannot tell, it delays: docs/design.md §11). A cap counts from
+// the hold; a loss or ctx's end (not TryLockFor's wait) ends the delay with
+// ErrLockLost, wrapped, or ctx.Err(), the key deleted. d <= 0 is invalid.
 func WithLockDelay(d time.Duration) SessionOption {
 	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }
@@ -157,8 +148,8 @@ func WithObserver(o Observer) SessionOption {
 	})
 }
 
-// WithLogger logs the Session's events to l (losses and failures at Warn or
-// Error, the rest at Debug), without the keys' values (identities).
+// WithLogger logs the events to l (losses, failures at Warn or Error, the rest
+// at Debug), without the keys' values (identities).
 func WithLogger(l *slog.Logger) SessionOption {
 	return sessionOptionFunc(func(so *sessionOptions) {
 		if l == nil {
