@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// Do takes the lock and runs f in its scope (package doc, For jobs). It returns
-// the lock's error if f did not run; else f's error; else ErrLockLost if the
-// hold was lost, or about to be, while f ran; else the release's error;
-// ErrStalled, whatever f returned, once the watchdog cancelled f.
+// Do runs f holding the lock (package doc, For jobs). It returns the lock's
+// error if f did not run; else f's; else ErrLockLost if the hold was lost (or
+// about to be) under f; else the release's; ErrStalled once the watchdog
+// cancelled f.
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
 	o := m.do(ctx, waitForever, f)
 	switch {
@@ -92,8 +92,8 @@ func (m *Mutex) do(ctx context.Context, wait time.Duration, f func(ctx context.C
 
 type heldKey struct{}
 
-// HoldFrom returns the hold of the innermost Do or Lead whose f's context ctx
-// derives from, false outside any. It may have ended since: fence with it.
+// HoldFrom returns the hold of the innermost Do or Lead scope of ctx, false
+// outside; it may have ended since.
 func HoldFrom(ctx context.Context) (Hold, bool) {
 	h, ok := ctx.Value(heldKey{}).(Hold)
 	return h, ok

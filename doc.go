@@ -17,42 +17,41 @@
 //	defer m.UnlockContext(context.WithoutCancel(ctx))
 //
 // The rest of the family keeps the same guarantees: RWMutex (many readers or
-// one writer), Semaphore (at most N permits held) and MultiMutex (several
-// locks at once, with no deadlock); Do, DoOnce and Lead for jobs; tools for
-// the people on call. A New function writes nothing and never fails (a nil
-// Session or the empty name makes the calls fail); handles of one Session and
-// name are one lock; all methods are safe for concurrent use. A Session made
-// WithRenewal outlives its leases.
+// one writer), Semaphore (at most N permits held), MultiMutex (several locks
+// at once, with no deadlock); Do, DoOnce and Lead for jobs; tools for the
+// people on call. New functions write nothing and never fail (bad input fails
+// the calls); one Session's handles of a name are one lock; all methods are
+// safe for concurrent use. A Session made WithRenewal outlives its leases.
 //
 // # Guarantees of every lock
 //
-// Every lock, Do and Lead take and release holds one way; the methods state
-// only what differs. RLock and Acquire act as Lock, and so do their Try and
-// Context forms; Permit.Release as the last UnlockContext.
+// Every lock, Do and Lead take and release holds one way; RLock and Acquire
+// act as Lock, with their Try and Context forms; Permit.Release as the last
+// UnlockContext. The methods state only what differs.
 //
 //   - Waiters are served first come, first served, across processes (but for
 //     WithLocalHandoff's hand-offs).
 //   - A call that returns without the lock leaves no key of its own in etcd
 //     where etcd is reachable, even when ctx ends after etcd applied the
-//     request; an unconfirmed delete is retried in the background until it
-//     succeeds or the key's lease ends. A try that finds the lock held
-//     writes nothing.
+//     request (an unconfirmed delete is retried in the background until it
+//     succeeds or the lease ends). A try that finds the lock held writes
+//     nothing.
 //   - The calls with a context return ctx.Err() if ctx ended;
 //     ErrSessionExpired if the Session ended (WithRenewal: the call's lease);
 //     ErrLockLost, changing nothing, to a goroutine that locks again a hold
 //     known lost; ErrWouldDeadlock to one that holds what it would wait for;
-//     else etcd's error, every time etcd refuses. With a deadline on ctx they
+//     else etcd's error, whenever etcd refuses. With a deadline on ctx they
 //     return by that deadline + 1 s, even where etcd does not answer.
 //   - TryLockFor(ctx, wait) waits at most wait for others (wait <= 0: only
 //     try; ctx bounds etcd's answers): (true, nil) held, (false, nil) the wait
 //     ran out while others held or waited ahead, (false, err) failed, also
 //     while an earlier key's delete is retried in the background.
 //   - The last unlock (but for a hand-off) deletes the key, fenced on its
-//     create revision (never a later hold's), on a context detached from ctx
-//     and bounded by 3 s; it returns etcd's error if etcd did not confirm
-//     (retried as above), ErrLockLost (or ErrSessionExpired) if the key was
-//     gone: the critical section may not have been exclusive. The hold ends
-//     in every case. With nothing held, an unlock returns ErrNotHeld.
+//     create revision (never a later hold's), detached from ctx and within
+//     3 s; it returns etcd's error if etcd did not confirm (retried as above),
+//     ErrLockLost (or ErrSessionExpired) if the key was gone: the critical
+//     section may not have been exclusive. The hold ends in every case. With
+//     nothing held, an unlock returns ErrNotHeld.
 //   - Lock retries other failures with backoff while the Session lives, and
 //     panics where the lock can never be taken: a closed Session (or, without
 //     WithRenewal, its lease gone), bad input, ErrWouldDeadlock, ErrLockLost.
@@ -64,15 +63,15 @@
 //
 // A hold is one acquisition's key in etcd (a MultiMutex's: one per name),
 // until the unlock that deletes it. It belongs to the goroutine that took it,
-// which may lock again through any handle of the same Session and name (each
-// lock needs its unlock; only the first and the last talk to etcd), or to
-// the scope of Do and Lead. A Permit is a hold of its own. Held returns the
-// calling goroutine's hold as one snapshot (a Hold), which cannot straddle a
-// hand-off as separate calls can. Key, Token, IsOwner and Done describe: a
-// Mutex's and a MultiMutex's, the Session's one hold of it, whichever
-// goroutine asks (a Mutex's, a MultiMutex's hold of its name); an RWMutex's,
-// the calling goroutine's (its write hold, else its read hold); a Permit's,
-// itself. With no hold: "", 0, an always-false comparison, a closed channel.
+// which may lock again through any handle of the Session and name (each lock
+// needs its unlock; only the first and the last talk to etcd), or to the
+// scope of Do and Lead. A Permit is a hold of its own. Held returns the
+// goroutine's hold as one snapshot, which cannot straddle a hand-off as
+// separate calls can. Key, Token, IsOwner and Done describe: a Mutex's and a
+// MultiMutex's, the Session's one hold of it, whichever goroutine asks (a
+// Mutex's: a MultiMutex's holding its name, if any); an RWMutex's, the calling goroutine's (write,
+// else read); a Permit's, itself. With none: "", 0, a false comparison, a
+// closed channel.
 //
 // # What a lease-based lock cannot promise
 //
@@ -82,24 +81,21 @@
 //
 //   - Token, the create revision of the hold's key, strictly increases from
 //     one owner to the next: pass it with every write, and let the resource
-//     reject tokens lower than the highest it has seen. A Fence (Hold.Fence)
-//     carries it with the lock's name and key in one printable word, for
-//     the package github.com/etcdlock/etcdlock/fence or CheckFence.
+//     reject tokens lower than the highest it has seen (a Fence carries it).
 //   - IsOwner makes an etcd Txn fail once the hold has ended or been lost.
-//   - Done, the hold's loss signal, stays open through re-locks and closes on
+//   - Done, the hold's loss signal, stays open through re-locks and closes at
 //     the last unlock; within about 100 ms of the key's delete (by anyone) or
 //     the lease's revoke; at least TTL/3 before etcd can expire the lease
 //     (never while keep-alives, sent every TTL/4, are answered within 5/12 of
 //     the TTL); when the Session ends; at a cap. Then stop touching the
-//     resource: Done does not unlock. It watches from the first call to Done
-//     (with a cap: from the acquisition).
+//     resource: Done does not unlock. It watches from its first call (with a
+//     cap: from the acquisition).
 //
 // # For jobs
 //
-// Mutex.Do runs f under a hold; DoOnce at most once per slot (a night, say)
-// across processes; Lead whenever this process leads a name, with failover
-// (f ends its term early by returning StepDown or HandOver). They share one
-// scope:
+// Mutex.Do runs f under a hold; DoOnce at most once per slot across
+// processes; Lead whenever this process leads a name, with failover (f ends
+// its term early by returning StepDown or HandOver). They share one scope:
 //
 //   - The lock is released only once f has returned, never while it runs;
 //     if f panics, the lock is released and the panic goes on.
@@ -108,8 +104,8 @@
 //     goroutines that use a context derived from f's hold the lock with f;
 //     holds they leave end with the scope, and a context kept after f
 //     returned grants nothing. HoldFrom(ctx) gives them the hold, to fence.
-//   - WithWatchdog(period): f calls Progress(ctx); after a period without, its
-//     context is cancelled and the lock released once it returns
+//   - WithWatchdog(period): f calls Progress(ctx); after a period without,
+//     its context is cancelled and the lock released once it returns
 //     (ErrStalled); if f has not returned a period later, the Session is
 //     closed, which revokes its lease and frees all its locks.
 //
@@ -117,7 +113,7 @@
 //
 // These work on a lock of any kind, from any process (the command etcdlock
 // too); a holder learns of what they do to its hold through Done (HoldLost,
-// with the reason), so they are safe only with fencing (Token, IsOwner).
+// with the reason), so they are safe only with fencing.
 //
 //   - Inspect, LeaderOf, Follow and FollowLeader read the queue, writing
 //     nothing; Release deletes one key of it, fenced: it breaks a stuck hold.
@@ -127,9 +123,8 @@
 //     so that the next in the queue holds, and the unlock returns
 //     ErrLockLost. A re-lock keeps the cap; a hold ended before is untouched.
 //   - WithLockDelay makes an acquisition wait after a crash of the holder
-//     ahead; Waiting (of a Hold or Permit) says that someone waits behind;
-//     Session.Health and HealthHandler serve probes; SetLimit changes a
-//     Semaphore's limit.
+//     ahead; Waiting says that someone waits behind a hold; Session.Health
+//     serves probes; SetLimit changes a Semaphore's limit.
 //
 // # Compatibility and permissions
 //
@@ -139,8 +134,7 @@
 // With etcd's authentication on, a lock's role needs read and write on the
 // keys that start with "name/" and "etcdlock.fence." (docs/design.md §7);
 // Lead on etcdlock.term.NAME and etcdlock.handover.NAME; DoOnce (and etcdlock
-// run --once-per) on the keys
-// that start with "etcdlock.done.", and lease grants; SetLimit on
-// etcdlock.limit.NAME, which a Semaphore reads ("/" and "%" in NAME written
-// %2F and %25; README, Permissions).
+// run --once-per) on the keys that start with "etcdlock.done.", and lease
+// grants; SetLimit on etcdlock.limit.NAME, which a Semaphore reads (NAME's
+// "/" and "%" written %2F and %25; README, Permissions).
 package etcdlock

@@ -21,20 +21,18 @@ const (
 	followReadTimeout = 2 * time.Second
 )
 
-// Follow sends the queue of the lock called name, as Inspect reads it, now and
-// after each change, until ctx ends or the client is closed, then closes the
-// channel. It never sends a queue older than one sent, nor an unchanged one; a
-// busy receiver gets the newest; each slice is the receiver's. It writes
-// nothing. A change whose watch event etcd lost, or a new limit (SetLimit), is
-// sent at most 5 s late. Given bad input, the channel is closed at once.
+// Follow sends the queue of the lock called name, as Inspect reads it, now
+// and at each change (never an older or unchanged one; a busy receiver gets
+// the newest; each slice is its own) until ctx ends or the client closes, then
+// closes the channel: at once for bad input. It writes nothing. A change whose
+// event etcd lost, or a new limit (SetLimit), comes at most 5 s late.
 func Follow(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
 	return follow(ctx, client, name, slices.Clone, slices.Equal)
 }
 
-// LeaderOf returns the holder of the Mutex queue of name (Lead's or etcd's
-// concurrency.Election's leader, or a Mutex's holder), in one read that writes
-// nothing; an error wrapping ErrNoLeader if none, else Inspect's errors. A
-// leader cut off stays the holder until its lease expires: fence with tokens.
+// LeaderOf returns, in one read, the holder of the Mutex queue of name (Lead's
+// or concurrency.Election's leader, a Mutex's holder); ErrNoLeader, wrapped,
+// if none; else Inspect's errors. A leader cut off holds until its lease ends.
 func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueEntry, error) {
 	entries, err := Inspect(ctx, client, name)
 	if err != nil {
@@ -46,10 +44,8 @@ func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueE
 	return QueueEntry{}, errorf("leader", name, ErrNoLeader)
 }
 
-// FollowLeader sends the leader of name as LeaderOf finds it (the zero
-// QueueEntry for none), now and at each change, a new term too, as Follow does.
-// A candidate that gives way to a hand-over (HandOver) is sent as the holder it
-// is for that moment; its f does not run.
+// FollowLeader sends LeaderOf's answer (zero: none), now and at each change (a
+// new term too), as Follow does; a candidate giving way to a hand-over too.
 func FollowLeader(ctx context.Context, client *clientv3.Client, name string) <-chan QueueEntry {
 	return follow(ctx, client, name, leaderIn, func(a, b []QueueEntry) bool { return leaderIn(a) == leaderIn(b) })
 }

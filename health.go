@@ -10,10 +10,9 @@ import (
 // bound its holds rely on.
 
 // Health returns nil while etcd has acknowledged a keep-alive sent less than
-// 2/3 of the TTL ago, the bound of holds' Done; else ErrSessionExpired, wrapped,
-// once the Session ended or, WithRenewal, while it has no lease; else an error
-// saying since when. It sends nothing: nil says the lease lived 1/3 of the TTL
-// ago, not that etcd answers now. A nil Session gives ErrInvalidArgument.
+// 2/3 of the TTL ago (holds' Done bound); else ErrSessionExpired, wrapped, once
+// the Session ended or, WithRenewal, while it has no lease; else how long etcd
+// has not. It sends nothing: nil says that the lease lived 1/3 of the TTL ago.
 func (s *Session) Health() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalidArgument)
@@ -32,9 +31,8 @@ func (s *Session) Health() error {
 	return nil
 }
 
-// HealthHandler returns an http.Handler for liveness and readiness probes, of
-// any method and path: 200 and "ok" while Health returns nil, else 503 and
-// Health's error, as plain text that no cache keeps.
+// HealthHandler serves probes, any method and path: 200 "ok" while Health is
+// nil, else 503 and its error, as plain text no cache keeps.
 func (s *Session) HealthHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

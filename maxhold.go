@@ -13,9 +13,8 @@ import (
 type holdCapKey struct{}
 
 // CapHold returns a copy of ctx under which a lock call (LockContext, Acquire,
-// Do, Lead...) caps the hold it takes at d, as WithMaxHold caps a Session's; a
-// hold handed on keeps its cap. d <= 0, or a nil ctx, is an error wrapping
-// ErrInvalidArgument, and ctx is returned unchanged.
+// Do, Lead...) caps the hold it takes at d, as WithMaxHold; d <= 0, or a nil
+// ctx, is ErrInvalidArgument, wrapped, ctx returned unchanged.
 func CapHold(ctx context.Context, d time.Duration) (context.Context, error) {
 	switch {
 	case ctx == nil:

@@ -15,9 +15,9 @@ const (
 	setupTimeout = 5 * time.Second
 )
 
-// A Session is one etcd lease, kept alive in the background and shared by
-// every lock made with it: when the process dies, etcd deletes its keys within
-// the TTL. It ends with its lease, unless WithRenewal. Close it when done.
+// A Session is one etcd lease, kept alive in the background, for its locks:
+// when the process dies, etcd deletes their keys within the TTL. It ends with
+// its lease, unless WithRenewal. Close it when done.
 type Session struct {
 	client      *clientv3.Client
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
@@ -58,9 +58,8 @@ type Session struct {
 	closeErr   error
 }
 
-// NewSession grants a lease (or adopts one, WithLease) and keeps it alive. It
-// returns an error, leaving no lease, for an invalid argument or where etcd
-// does not answer within 5 s (or WithContext's deadline).
+// NewSession grants a lease (or adopts one) and keeps it alive; an error,
+// leaving no lease, if etcd does not answer within 5 s (or ctx's deadline).
 func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	return newSession(context.Background(), client, opts...)
 }
@@ -128,11 +127,10 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	return s, nil
 }
 
-// Close revokes the lease, which deletes the keys of every lock held or awaited
+// Close revokes the lease, deleting the keys of every lock held or awaited
 // with it, within 5 s even where etcd is unreachable (the lease then expires),
-// plus the observers' time over the events queued. It and later calls return
-// the revoke's error (nil if the lease was gone); then every lock call returns
-// ErrSessionExpired.
+// plus the observers' time over the queued events. It and later calls return
+// the revoke's error (nil if the lease was gone); lock calls ErrSessionExpired.
 func (s *Session) Close() error {
 	s.end(func(tm *leaseTerm) error {
 		if s.stopRevoke != nil && !s.stopRevoke() {
@@ -169,10 +167,9 @@ func (s *Session) stop() *leaseTerm {
 	return tm
 }
 
-// Done returns a channel closed when the Session ends: Close, the WithContext
-// context's end, its client closed; without WithRenewal, its lease revoked
-// (seen within about TTL/4 + a round trip) or expired, or a TTL past the last
-// acknowledged keep-alive. A hold's Done closes earlier.
+// Done returns a channel closed when the Session ends: Close, WithContext's
+// end, its client closed; without WithRenewal, its lease revoked (seen within
+// about TTL/4 + a round trip), expired, or silent a TTL. Holds' Done is earlier.
 func (s *Session) Done() <-chan struct{} {
 	if s.renews {
 		return s.life.Done()
@@ -180,8 +177,8 @@ func (s *Session) Done() <-chan struct{} {
 	return s.term.Load().ctx().Done()
 }
 
-// Lease returns the lease that keys taken now are put with (a hold keeps its
-// own, Hold.Lease); the lost one until WithRenewal grants the next.
+// Lease returns the lease keys are put with now (a hold's is Hold.Lease); the
+// lost one until WithRenewal grants the next.
 func (s *Session) Lease() clientv3.LeaseID { return s.term.Load().id }
 
 // Client returns the client the Session was made with.
