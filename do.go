@@ -9,8 +9,7 @@ import (
 
 // Do runs f holding the lock (package doc, For jobs). It returns the lock's
 // error if f did not run; else f's; else ErrLockLost if the hold was lost (or
-// about to be) under f; else the release's; ErrStalled once the watchdog
-// cancelled f.
+// about to be) under f; else the release's; ErrStalled if the watchdog acted.
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
 	o := m.do(ctx, waitForever, f)
 	switch {

@@ -10,9 +10,9 @@ import (
 // bound its holds rely on.
 
 // Health returns nil while etcd has acknowledged a keep-alive sent less than
-// 2/3 of the TTL ago (holds' Done bound); else ErrSessionExpired, wrapped, once
-// the Session ended or, WithRenewal, while it has no lease; else how long etcd
-// has not. It sends nothing: nil says that the lease lived 1/3 of the TTL ago.
+// 2/3 of the TTL ago (holds' Done bound); else ErrSessionExpired, wrapped,
+// once the Session ended or, WithRenewal, while it has no lease; else how long
+// etcd has not. It sends nothing: nil says the lease lived 1/3 TTL ago.
 func (s *Session) Health() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalidArgument)

@@ -11,10 +11,10 @@ import (
 	"github.com/etcdlock/etcdlock/internal/queue"
 )
 
-// A MultiMutex holds all of its names, or none, and is a sync.Locker. Its keys
-// are its names' Mutex keys, put by one Txn (one token): it excludes a Mutex of
-// each name. MultiMutexes never wait for each other in a cycle, whatever the
-// order of their names; one of its names held another way is ErrWouldDeadlock.
+// A MultiMutex holds all of its names, or none, and is a sync.Locker. Its
+// keys are its names' Mutex keys, put by one Txn (one token): it excludes a
+// Mutex of each name. MultiMutexes never wait for each other in a cycle,
+// whatever their names' order. A name held another way: ErrWouldDeadlock.
 type MultiMutex struct {
 	s     *Session
 	names []string      // sorted, distinct

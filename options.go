@@ -114,7 +114,7 @@ func WithRenewal() SessionOption {
 }
 
 // WithMaxHold caps every hold of the Session at d from its acquisition (package
-// doc, For the people on call): safe only with fencing. d <= 0 is invalid.
+// doc, For the people on call); safe only with fencing. d <= 0: invalid.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }

@@ -129,8 +129,8 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 
 // Close revokes the lease, deleting the keys of every lock held or awaited
 // with it, within 5 s even where etcd is unreachable (the lease then expires),
-// plus the observers' time over the queued events. It and later calls return
-// the revoke's error (nil if the lease was gone); lock calls ErrSessionExpired.
+// plus the observers' time over queued events. It and later calls return the
+// revoke's error (nil if the lease was gone); lock calls ErrSessionExpired.
 func (s *Session) Close() error {
 	s.end(func(tm *leaseTerm) error {
 		if s.stopRevoke != nil && !s.stopRevoke() {
@@ -169,7 +169,7 @@ func (s *Session) stop() *leaseTerm {
 
 // Done returns a channel closed when the Session ends: Close, WithContext's
 // end, its client closed; without WithRenewal, its lease revoked (seen within
-// about TTL/4 + a round trip), expired, or silent a TTL. Holds' Done is earlier.
+// about TTL/4 + a round trip), expired, or silent a TTL (holds' Done: sooner).
 func (s *Session) Done() <-chan struct{} {
 	if s.renews {
 		return s.life.Done()
