@@ -62,16 +62,15 @@
 // # Holds
 //
 // A hold is one acquisition's key in etcd (a MultiMutex's: one per name),
-// until the unlock that deletes it. It belongs to the goroutine that took it,
-// which may lock again through any handle of the Session and name (each lock
-// needs its unlock; only the first and the last talk to etcd), or to the
-// scope of Do and Lead. A Permit is a hold of its own. Held returns the
-// goroutine's hold as one snapshot, which cannot straddle a hand-off as
-// separate calls can. Key, Token, IsOwner and Done describe: a Mutex's and a
-// MultiMutex's, the Session's one hold of it, whichever goroutine asks (a
-// Mutex's: a MultiMutex's holding its name, if any); an RWMutex's, the calling goroutine's (write,
-// else read); a Permit's, itself. With none: "", 0, a false comparison, a
-// closed channel.
+// until the unlock that deletes it. It is the goroutine's that took it, which
+// may lock again through any handle of the Session and name (each lock needs
+// its unlock; only the first and last talk to etcd), or the scope's of Do and
+// Lead; a Permit is its own. Held returns it as one snapshot, which cannot
+// straddle a hand-off as separate calls can. Key, Token, IsOwner and Done
+// describe a Mutex's or MultiMutex's one hold in the Session, whichever
+// goroutine asks (a Mutex's: a MultiMutex's holding its name, if any), an
+// RWMutex's calling goroutine's (write, else read), or a Permit; with none:
+// "", 0, a false comparison, a closed channel.
 //
 // # What a lease-based lock cannot promise
 //
@@ -99,11 +98,10 @@
 //
 //   - The lock is released only once f has returned, never while it runs;
 //     if f panics, the lock is released and the panic goes on.
-//   - f's context, derived from ctx, is cancelled when ctx ends, when the
-//     hold is lost (Done), or when f returns: f must then return soon. The
-//     goroutines that use a context derived from f's hold the lock with f;
-//     holds they leave end with the scope, and a context kept after f
-//     returned grants nothing. HoldFrom(ctx) gives them the hold, to fence.
+//   - f's context, derived from ctx, is cancelled when ctx ends, the hold is
+//     lost (Done) or f returns: f must then return soon. Goroutines with a
+//     context derived from f's hold the lock with f (HoldFrom); holds they
+//     leave end with the scope; a context kept after f returned grants none.
 //   - WithWatchdog(period): f calls Progress(ctx); after a period without,
 //     its context is cancelled and the lock released once it returns
 //     (ErrStalled); if f has not returned a period later, the Session is
@@ -120,8 +118,8 @@
 //   - WithMaxHold caps every hold of a Session, CapHold one call's (with
 //     both, the lesser): d after the acquisition (or a hand-off within the
 //     process), Done closes (LossMaxHold), then the key is deleted, fenced,
-//     so that the next in the queue holds, and the unlock returns
-//     ErrLockLost. A re-lock keeps the cap; a hold ended before is untouched.
+//     so that the next holds, and the unlock returns ErrLockLost. A re-lock
+//     keeps the cap; a hold ended before is untouched.
 //   - WithLockDelay makes an acquisition wait after a crash of the holder
 //     ahead; Waiting says that someone waits behind a hold; Session.Health
 //     serves probes; SetLimit changes a Semaphore's limit.
@@ -132,9 +130,8 @@
 // etcd's concurrency.Mutex and etcdctl lock: the three exclude each other.
 // Unlike them, a Mutex ignores keys nested deeper: "a/b" does not block "a".
 // With etcd's authentication on, a lock's role needs read and write on the
-// keys that start with "name/" and "etcdlock.fence." (docs/design.md §7);
-// Lead on etcdlock.term.NAME and etcdlock.handover.NAME; DoOnce (and etcdlock
-// run --once-per) on the keys that start with "etcdlock.done.", and lease
-// grants; SetLimit on etcdlock.limit.NAME, which a Semaphore reads (NAME's
-// "/" and "%" written %2F and %25; README, Permissions).
+// keys that start with "name/" and "etcdlock.fence."; Lead's on
+// etcdlock.term.NAME and etcdlock.handover.NAME; DoOnce's on the keys that
+// start with "etcdlock.done.", and lease grants; SetLimit's on
+// etcdlock.limit.NAME, which a Semaphore reads (README, Permissions).
 package etcdlock
