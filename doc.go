@@ -19,18 +19,17 @@
 // The rest of the family keeps the same guarantees: RWMutex (many readers or
 // one writer), Semaphore (at most N permits held), MultiMutex (several locks
 // at once, with no deadlock); Do, DoOnce and Lead for jobs; tools for the
-// people on call. New functions write nothing and never fail (bad input fails
-// the calls); one Session's handles of a name are one lock; all methods are
-// safe for concurrent use. A Session made WithRenewal outlives its leases.
+// people on call. New functions write nothing and never fail (bad input
+// fails calls); a Session's handles of a name are one lock; all methods are
+// safe for concurrent use.
 //
 // # Guarantees of every lock
 //
-// Every lock, Do and Lead take and release holds one way; RLock and Acquire
-// act as Lock, with their Try and Context forms; Permit.Release as the last
-// UnlockContext. The methods state only what differs.
+// Every lock, Do and Lead take and release holds one way, stated here once:
+// RLock and Acquire act as Lock, with their Try and Context forms, and
+// Permit.Release as the last UnlockContext.
 //
-//   - Waiters are served first come, first served, across processes (but for
-//     WithLocalHandoff's hand-offs).
+//   - First come, first served across processes (but for WithLocalHandoff).
 //   - A call that returns without the lock leaves no key of its own in etcd
 //     where etcd is reachable, even when ctx ends after etcd applied the
 //     request (an unconfirmed delete is retried in the background until it
@@ -38,25 +37,24 @@
 //     nothing.
 //   - The calls with a context return ctx.Err() if ctx ended;
 //     ErrSessionExpired if the Session ended (WithRenewal: the call's lease);
-//     ErrLockLost, changing nothing, to a goroutine that locks again a hold
-//     known lost; ErrWouldDeadlock to one that holds what it would wait for;
-//     else etcd's error, whenever etcd refuses. With a deadline on ctx they
-//     return by that deadline + 1 s, even where etcd does not answer.
+//     ErrLockLost, changing nothing, to a re-lock of a hold known lost;
+//     ErrWouldDeadlock to a goroutine that holds what it would wait for; else
+//     etcd's error, whenever etcd refuses; with a deadline on ctx, by that
+//     deadline + 1 s, even if etcd is silent.
 //   - TryLockFor(ctx, wait) waits at most wait for others (wait <= 0: only
 //     try; ctx bounds etcd's answers): (true, nil) held, (false, nil) the wait
 //     ran out while others held or waited ahead, (false, err) failed, also
-//     while an earlier key's delete is retried in the background.
+//     while an earlier key's delete is retried.
 //   - The last unlock (but for a hand-off) deletes the key, fenced on its
-//     create revision (never a later hold's), detached from ctx and within
-//     3 s; it returns etcd's error if etcd did not confirm (retried as above),
-//     ErrLockLost (or ErrSessionExpired) if the key was gone: the critical
-//     section may not have been exclusive. The hold ends in every case. With
-//     nothing held, an unlock returns ErrNotHeld.
+//     create revision, detached from ctx and within 3 s: etcd's error if not
+//     confirmed (retried as above); ErrLockLost (or ErrSessionExpired) if the
+//     key was gone: the critical section may not have been exclusive. The
+//     hold ends in every case. With nothing held: ErrNotHeld.
 //   - Lock retries other failures with backoff while the Session lives, and
 //     panics where the lock can never be taken: a closed Session (or, without
 //     WithRenewal, its lease gone), bad input, ErrWouldDeadlock, ErrLockLost.
 //     Unlock panics on ErrNotHeld or bad input, and reports nothing else.
-//     TryLock never panics; where etcd does not answer it returns false
+//     TryLock never panics; where etcd does not answer, it returns false
 //     within about 3 s.
 //
 // # Holds
@@ -105,7 +103,7 @@
 //   - WithWatchdog(period): f calls Progress(ctx); after a period without,
 //     its context is cancelled and the lock released once it returns
 //     (ErrStalled); if f has not returned a period later, the Session is
-//     closed, which revokes its lease and frees all its locks.
+//     closed (its lease revoked: its locks free).
 //
 // # For the people on call
 //
@@ -119,10 +117,10 @@
 //     both, the lesser): d after the acquisition (or a hand-off within the
 //     process), Done closes (LossMaxHold), then the key is deleted, fenced,
 //     so that the next holds, and the unlock returns ErrLockLost. A re-lock
-//     keeps the cap; a hold ended before is untouched.
+//     keeps the cap.
 //   - WithLockDelay makes an acquisition wait after a crash of the holder
-//     ahead; Waiting says that someone waits behind a hold; Session.Health
-//     serves probes; SetLimit changes a Semaphore's limit.
+//     ahead; Waiting says that someone waits behind a hold; Health serves
+//     probes; SetLimit sets a limit.
 //
 // # Compatibility and permissions
 //
@@ -131,7 +129,7 @@
 // Unlike them, a Mutex ignores keys nested deeper: "a/b" does not block "a".
 // With etcd's authentication on, a lock's role needs read and write on the
 // keys that start with "name/" and "etcdlock.fence."; Lead's on
-// etcdlock.term.NAME and etcdlock.handover.NAME; DoOnce's on the keys that
-// start with "etcdlock.done.", and lease grants; SetLimit's on
-// etcdlock.limit.NAME, which a Semaphore reads (README, Permissions).
+// etcdlock.term.NAME and etcdlock.handover.NAME; DoOnce's on those under
+// "etcdlock.done.", and lease grants; SetLimit's on etcdlock.limit.NAME,
+// which a Semaphore reads (README, Permissions).
 package etcdlock

@@ -16,19 +16,19 @@ import (
 // otherwise, so that a reader of this one refuses it.
 const fenceText = "etcdlock:"
 
-// A Fence names one hold for the resource a lock guards; String is its text
-// form. A resource that keeps the highest Token per Name and refuses lower
-// ones refuses a holder paused or cut off after etcd gave the lock to another
-// (package fence). For exclusive holds: readers and permits hold together
-// (CheckFence answers for them). The zero Fence names no hold.
+// A Fence names one hold for the resource a lock guards (String: its text). A
+// resource that keeps the highest Token per Name and refuses lower ones refuses
+// a holder paused or cut off after etcd gave the lock to another (package
+// fence): for exclusive holds; readers and permits hold together. The zero
+// Fence names no hold.
 type Fence struct {
 	Name  string // the lock's name: the resource keeps the highest token per name
 	Key   string // the hold's key, under Name+"/"
 	Token int64  // the hold's fencing token: its key's create revision
 }
 
-// Fence returns the hold's fence (zero for the zero Hold). A MultiMutex's
-// gives its first name's; another's is a Mutex m's Fence{name, m.Key(), m.Token()}.
+// Fence returns the hold's fence (its first name's, for a MultiMutex; Mutex
+// m of another: Fence{name, m.Key(), m.Token()}); zero for the zero Hold.
 func (h Hold) Fence() Fence {
 	if h.h == nil {
 		return Fence{}
@@ -48,9 +48,8 @@ func (p *Permit) Fence() Fence {
 	return Fence{Name: p.sem.name, Key: p.h.t.Key(), Token: p.h.token()}
 }
 
-// String returns the text form, "" for the zero Fence, such as
-// etcdlock:1042:jobs/nightly:694d8f3a2b1c (token, name, key after "name/"),
-// printable ASCII (other bytes than letters, digits, -_./~ written %XX).
+// String returns the text form, "" for the zero Fence: printable ASCII such
+// as etcdlock:1042:jobs/nightly:694d8f3a2b1c, other bytes written %XX.
 func (f Fence) String() string {
 	if f == (Fence{}) {
 		return ""
@@ -126,11 +125,10 @@ func (f Fence) valid() error {
 	return nil
 }
 
-// CheckFence reports, reading the lock's queue once, whether f's hold holds
-// (Chubby's CheckSequencer): nil if so; ErrLockLost, wrapped, if its key is
-// gone, made anew or waits; ErrInvalidFence, wrapped, for an invalid f; else
-// etcd's error. It writes nothing. A hold can be lost right after: a write
-// that must not follow a lost hold still needs fencing or a guarded Txn.
+// CheckFence reports, reading the queue once, whether f's hold holds (Chubby's
+// CheckSequencer): nil if so; ErrLockLost, wrapped, if its key is gone, remade
+// or waits; ErrInvalidFence, wrapped, if f is invalid; else etcd's error. It
+// writes nothing. The answer may be stale at once: still fence the writes.
 func CheckFence(ctx context.Context, client *clientv3.Client, f Fence) error {
 	if err := f.valid(); err != nil {
 		return err

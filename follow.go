@@ -21,18 +21,16 @@ const (
 	followReadTimeout = 2 * time.Second
 )
 
-// Follow sends the queue of the lock called name, as Inspect reads it, now
-// and at each change (never an older or unchanged one; a busy receiver gets
-// the newest; each slice is its own) until ctx ends or the client closes, then
-// closes the channel: at once for bad input. It writes nothing. A change whose
-// event etcd lost, or a new limit (SetLimit), comes at most 5 s late.
+// Follow sends the queue of the lock called name, as Inspect, now and at each
+// change (never older or unchanged; a busy receiver gets the newest; slices
+// are its own) until ctx ends or the client closes (bad input: at once), then
+// closes the channel. It writes nothing; a lost event comes 5 s late at most.
 func Follow(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
 	return follow(ctx, client, name, slices.Clone, slices.Equal)
 }
 
-// LeaderOf returns, in one read, the holder of the Mutex queue of name (Lead's
-// or concurrency.Election's leader, a Mutex's holder); ErrNoLeader, wrapped,
-// if none; else Inspect's errors. A leader cut off holds until its lease ends.
+// LeaderOf reads the holder of name's Mutex queue (Lead's leader), else
+// ErrNoLeader, wrapped, or Inspect's errors. It may be cut off: fence.
 func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueEntry, error) {
 	entries, err := Inspect(ctx, client, name)
 	if err != nil {

@@ -36,21 +36,20 @@ func (o OnceResult) String() string {
 	return "did not run"
 }
 
-// DoOnce runs f at most once per slot (a date, say) across the processes
-// that name the lock and slot: OnceDone while etcd holds the slot's record;
-// else it runs f as Do does if the record is still missing once held, and if
-// f returns nil puts the record, guarded by the hold, on a lease of retention
-// (at least etcd's minimum TTL): then the slot can run again. It reads no
-// clock; a lost reply never makes f run twice; a crash under f leaves the
-// slot not done. Bad input (ErrInvalidArgument) and the lock's errors leave f
-// not run, nothing written. Once as far as the lock excludes: fence (HoldFrom).
+// DoOnce runs f at most once per slot (a date, say), as far as the lock
+// excludes (fence: HoldFrom), across the processes that name the lock and
+// slot: OnceDone while etcd holds the slot's record; else it runs f as Do does
+// if the record is still missing once held, and if f returns nil puts the
+// record, guarded by the hold, on a lease of retention (at least etcd's
+// minimum TTL), after which the slot can run again. No clock is read; a lost
+// reply never runs f twice; a crash under f leaves the slot undone. Bad input
+// (ErrInvalidArgument), lock errors: f not run, nothing written.
 func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, waitForever, f)
 }
 
-// TryDoOnce is DoOnce waiting at most wait (0: one try), for cron runs that
-// skip a slot under way: (OnceBusy, nil), nothing run or written, if another
-// held or waited for the lock the whole wait.
+// TryDoOnce is DoOnce waiting at most wait, for cron: (OnceBusy, nil) while
+// another holds or waits the whole wait, nothing run or written.
 func (m *Mutex) TryDoOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, max(wait, tryOnly), f)
 }
