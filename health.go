@@ -9,10 +9,10 @@ import (
 // Health for probes: whether a Session's lease is kept alive within the
 // bound its holds rely on.
 
-// Health returns nil while etcd has acknowledged a keep-alive sent less than
-// 2/3 of the TTL ago (holds' Done bound); else ErrSessionExpired, wrapped,
-// once the Session ended or, WithRenewal, while it has no lease; else how long
-// etcd has not. It sends nothing: nil says the lease lived 1/3 TTL ago.
+// Health returns nil while etcd acknowledged a keep-alive sent within 2/3 of
+// the TTL (holds' Done bound), judged locally: the lease lived 1/3 TTL ago.
+// Else ErrSessionExpired, wrapped, if ended (WithRenewal: no lease), or since
+// when etcd has not answered. A nil Session is ErrInvalidArgument.
 func (s *Session) Health() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalidArgument)

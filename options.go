@@ -45,9 +45,8 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 	}
 }
 
-// WithTTL sets the lease TTL (whole seconds; etcd may raise it): how long a
-// lock stays taken after this process dies or is cut off, and a holder may
-// believe it holds a lost lock.
+// WithTTL sets the lease TTL in whole seconds (etcd may raise it): how long a
+// lock outlives a dead or cut-off holder, who may believe it holds it.
 func WithTTL(ttl time.Duration) SessionOption {
 	return positive("TTL", ttl, func(o *sessionOptions) *time.Duration { return &o.ttl })
 }
@@ -105,9 +104,8 @@ func WithIdentity(id string) SessionOption {
 }
 
 // WithRenewal makes a Session that outlives its leases: a lost lease loses its
-// holds and a new one is granted in the background, for which the lock calls
-// wait (within ctx and TryLockFor's wait; ErrSessionExpired if under way on
-// the lost lease, or none came; TryLock: false; a try: ErrSessionExpired).
+// holds, and the lock calls wait for the next (TryLock: false; ErrSessionExpired
+// for a try, a call under way on the lost lease, or none within ctx or wait).
 // Its Done closes only at Close, WithContext's end or its client's close.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
@@ -119,20 +117,18 @@ func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
 
-// WithWatchdog makes Do and Lead watch f with period, as client-go's
-// HealthzAdaptor does (package doc, For jobs): Do returns ErrStalled; Lead
-// campaigns again, or returns ErrStalled if it closed the Session. A period
-// starts when f does. period <= 0: ErrInvalidArgument.
+// WithWatchdog makes Do and Lead watch f (package doc, For jobs), as client-go's
+// HealthzAdaptor: Do returns ErrStalled; Lead campaigns again, or returns it if
+// it closed the Session. A period starts with f.
 func WithWatchdog(period time.Duration) SessionOption {
 	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
 }
 
 // WithLockDelay makes an acquisition that waited behind a key gone with its
-// lease (a crash, or a holder cut off), not by an unlock or delete, hold d
-// more, as Chubby's lock-delay, so that a holder cut off sees its loss first
-// (where etcd cannot tell, it delays: docs/design.md §11). A cap counts from
-// the hold; a loss or ctx's end (not TryLockFor's wait) ends the delay with
-// ErrLockLost, wrapped, or ctx.Err(), the key deleted. d <= 0 is invalid.
+// lease (a crash, or cut off), not by unlock or delete, hold d more, as
+// Chubby's lock-delay, for a holder cut off to see its loss (unsure, it
+// delays: docs/design.md §11). A cap counts from the hold; a loss, or ctx's
+// end (not TryLockFor's wait), ends it: ErrLockLost, wrapped, or ctx.Err().
 func WithLockDelay(d time.Duration) SessionOption {
 	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }

@@ -15,9 +15,8 @@ const (
 	setupTimeout = 5 * time.Second
 )
 
-// A Session is one etcd lease, kept alive in the background, for its locks:
-// when the process dies, etcd deletes their keys within the TTL. It ends with
-// its lease, unless WithRenewal. Close it when done.
+// A Session is one etcd lease, kept alive for its locks: etcd deletes their
+// keys within the TTL of the process's death. Close it when done.
 type Session struct {
 	client      *clientv3.Client
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
@@ -127,10 +126,9 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	return s, nil
 }
 
-// Close revokes the lease, deleting the keys of every lock held or awaited
-// with it, within 5 s even where etcd is unreachable (the lease then expires),
-// plus the observers' time over queued events. It and later calls return the
-// revoke's error (nil if the lease was gone); lock calls ErrSessionExpired.
+// Close revokes the lease, deleting its locks' keys, within 5 s even if etcd
+// is unreachable (then the lease expires), plus the observers' time on queued
+// events. It, and later calls, return the revoke's error (nil if none).
 func (s *Session) Close() error {
 	s.end(func(tm *leaseTerm) error {
 		if s.stopRevoke != nil && !s.stopRevoke() {
@@ -169,7 +167,7 @@ func (s *Session) stop() *leaseTerm {
 
 // Done returns a channel closed when the Session ends: Close, WithContext's
 // end, its client closed; without WithRenewal, its lease revoked (seen within
-// about TTL/4 + a round trip), expired, or silent a TTL (holds' Done: sooner).
+// TTL/4 + a round trip), expired or silent a TTL (holds' Done: sooner).
 func (s *Session) Done() <-chan struct{} {
 	if s.renews {
 		return s.life.Done()
