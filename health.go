@@ -9,10 +9,9 @@ import (
 // Health for probes: whether a Session's lease is kept alive within the
 // bound its holds rely on.
 
-// Health returns nil while etcd acknowledged a keep-alive sent within 2/3 of
-// the TTL (holds' Done bound), judged locally: the lease lived 1/3 TTL ago.
-// Else ErrSessionExpired, wrapped, if ended (WithRenewal: no lease), or since
-// when etcd has not answered. A nil Session is ErrInvalidArgument.
+// Health returns nil while etcd acknowledged a keep-alive sent within 2/3 TTL
+// (the bound of holds' Done), read locally; else ErrSessionExpired, wrapped,
+// once ended (WithRenewal: lease-less), or how long etcd is silent.
 func (s *Session) Health() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalidArgument)

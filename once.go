@@ -10,11 +10,9 @@ import (
 )
 
 // A OnceResult says how a DoOnce or TryDoOnce call went; 0, with an error,
-// that f did not run. OnceRan with a nil error: f returned nil and the slot
-// is recorded done; with f's error or ErrLockLost, nothing is recorded (a
-// later call runs f); with ErrStalled, only if f returned nil; with etcd's,
-// the record may or may not be in etcd. OnceBusy: another held or waited
-// the whole wait. The slot may be done since.
+// that f did not run. OnceRan with nil: the slot is recorded done; with f's
+// error or ErrLockLost, not (a later call runs f); with ErrStalled, only if f
+// returned nil; with etcd's, maybe. After OnceBusy the slot may be done.
 type OnceResult int
 
 const (

@@ -10,11 +10,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// An RWMutex is a reader/writer lock: many readers or one writer, writers
-// never starved by later readers. It excludes etcd's recipe RWMutex (whose
-// keys it uses), not a Mutex of its name. A writer may lock again and RLock; a
-// reader may RLock again, and gets ErrWouldDeadlock for the write lock. A read
-// hold's token fences writes only against later writers.
+// An RWMutex is many readers or one writer; later readers never starve a
+// writer. It excludes etcd's recipe RWMutex (same keys), not a Mutex. A writer
+// may lock again and RLock; a reader may RLock again, not Lock
+// (ErrWouldDeadlock). Readers' tokens fence only against later writers.
 type RWMutex struct {
 	s      *Session
 	name   string
