@@ -60,15 +60,15 @@
 // # Holds
 //
 // A hold is one acquisition's key in etcd (a MultiMutex's: one per name),
-// until the unlock that deletes it. It is the goroutine's that took it, which
-// may lock again through any handle of the Session and name (each lock needs
-// its unlock; only the first and last talk to etcd), or the scope's of Do and
-// Lead; a Permit is its own. Held returns it as one snapshot, which cannot
-// straddle a hand-off as separate calls can. Key, Token, IsOwner and Done
-// describe a Mutex's or MultiMutex's one hold in the Session, whichever
-// goroutine asks (a Mutex's: a MultiMutex's holding its name, if any), an
-// RWMutex's calling goroutine's (write, else read), or a Permit; with none:
-// "", 0, a false comparison, a closed channel.
+// until the unlock that deletes it. It belongs to the goroutine that took it,
+// which may lock again through any handle of the Session and name (each lock
+// needs its unlock; only the first and last talk to etcd), or to the scope of
+// Do and Lead; a Permit is a hold of its own. Held returns it as one snapshot,
+// which cannot straddle a hand-off as separate calls can. Key, Token, IsOwner
+// and Done describe: for a Mutex or MultiMutex, the Session's one hold of it,
+// whichever goroutine asks (for a Mutex, a MultiMutex's hold of its name if
+// any); for an RWMutex, the calling goroutine's (write, else read); for a
+// Permit, itself. With no hold: "", 0, a false comparison, a closed channel.
 //
 // # What a lease-based lock cannot promise
 //

@@ -12,8 +12,8 @@ import (
 // holdCapKey is the context key of CapHold's cap.
 type holdCapKey struct{}
 
-// CapHold returns ctx under which a lock call caps its hold at d, as
-// WithMaxHold; d <= 0, a nil ctx: ErrInvalidArgument, wrapped, ctx unchanged.
+// CapHold returns a copy of ctx under which a lock call caps its hold at d,
+// as WithMaxHold; d <= 0 or a nil ctx: ErrInvalidArgument, wrapped, ctx as is.
 func CapHold(ctx context.Context, d time.Duration) (context.Context, error) {
 	switch {
 	case ctx == nil:
