@@ -18,9 +18,8 @@ const fenceText = "etcdlock:"
 
 // A Fence names one hold for the resource a lock guards (String: its text). A
 // resource that keeps the highest Token per Name and refuses lower ones refuses
-// a holder paused or cut off after etcd gave the lock to another (package
-// fence): for exclusive holds; readers and permits hold together. The zero
-// Fence names no hold.
+// a holder paused or cut off once etcd gave the lock on (package fence); for
+// exclusive holds: readers and permits hold together. Zero names no hold.
 type Fence struct {
 	Name  string // the lock's name: the resource keeps the highest token per name
 	Key   string // the hold's key, under Name+"/"
@@ -125,10 +124,10 @@ func (f Fence) valid() error {
 	return nil
 }
 
-// CheckFence reports, reading the queue once, whether f's hold holds (Chubby's
+// CheckFence reports, in one read, whether f's hold holds (Chubby's
 // CheckSequencer): nil if so; ErrLockLost, wrapped, if its key is gone, remade
 // or waits; ErrInvalidFence, wrapped, if f is invalid; else etcd's error. It
-// writes nothing. The answer may be stale at once: still fence the writes.
+// writes nothing; the answer may be stale at once: fence the writes too.
 func CheckFence(ctx context.Context, client *clientv3.Client, f Fence) error {
 	if err := f.valid(); err != nil {
 		return err

@@ -21,10 +21,10 @@ const (
 	followReadTimeout = 2 * time.Second
 )
 
-// Follow sends the queue of the lock called name, as Inspect, now and at each
-// change (never older or unchanged; a busy receiver gets the newest; slices
-// are its own) until ctx ends or the client closes (bad input: at once), then
-// closes the channel. It writes nothing; a lost event comes 5 s late at most.
+// Follow sends the queue of name as Inspect reads it, now and at each change,
+// never older or unchanged (a busy receiver gets the newest; slices are its
+// own) until ctx ends or the client closes (bad input: at once), then closes
+// the channel. It writes nothing; a lost event comes 5 s late at most.
 func Follow(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
 	return follow(ctx, client, name, slices.Clone, slices.Equal)
 }

@@ -104,15 +104,15 @@ func WithIdentity(id string) SessionOption {
 }
 
 // WithRenewal makes a Session that outlives its leases: a lost lease loses its
-// holds, and the lock calls wait for the next (TryLock: false; ErrSessionExpired
+// holds, and lock calls wait for the next (TryLock: false; ErrSessionExpired
 // for a try, a call under way on the lost lease, or none within ctx or wait).
 // Its Done closes only at Close, WithContext's end or its client's close.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
 
-// WithMaxHold caps every hold of the Session at d from its acquisition (package
-// doc, For the people on call); safe only with fencing. d <= 0: invalid.
+// WithMaxHold caps every hold of the Session at d (package doc, For the people
+// on call): safe only with fencing. d <= 0 is invalid.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
@@ -125,10 +125,10 @@ func WithWatchdog(period time.Duration) SessionOption {
 }
 
 // WithLockDelay makes an acquisition that waited behind a key gone with its
-// lease (a crash, or cut off), not by unlock or delete, hold d more, as
-// Chubby's lock-delay, for a holder cut off to see its loss (unsure, it
-// delays: docs/design.md §11). A cap counts from the hold; a loss, or ctx's
-// end (not TryLockFor's wait), ends it: ErrLockLost, wrapped, or ctx.Err().
+// lease (a crash, not an unlock or delete) hold d more, as Chubby's lock-delay,
+// for a holder cut off to see its loss (in doubt, it delays: docs/design.md
+// §11). A cap counts from the hold; a loss or ctx's end (not TryLockFor's
+// wait) ends it: ErrLockLost, wrapped, or ctx.Err().
 func WithLockDelay(d time.Duration) SessionOption {
 	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }
