@@ -91,8 +91,7 @@ func (m *Mutex) do(ctx context.Context, wait time.Duration, f func(ctx context.C
 
 type heldKey struct{}
 
-// HoldFrom returns the hold of the innermost Do or Lead scope of ctx, false
-// outside; it may have ended since.
+// HoldFrom returns the hold of ctx's innermost Do or Lead scope (maybe ended).
 func HoldFrom(ctx context.Context) (Hold, bool) {
 	h, ok := ctx.Value(heldKey{}).(Hold)
 	return h, ok

@@ -57,8 +57,7 @@ func (f Fence) String() string {
 	return fenceText + strconv.FormatInt(f.Token, 10) + ":" + escapeFence(f.Name) + ":" + escapeFence(rest)
 }
 
-// MarshalText returns String's form; an error for a non-zero Fence that
-// ParseFence would refuse.
+// MarshalText returns String's form; an error for an invalid non-zero Fence.
 func (f Fence) MarshalText() ([]byte, error) {
 	if f == (Fence{}) {
 		return []byte{}, nil

@@ -111,8 +111,8 @@ func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
 
-// WithMaxHold caps every hold of the Session at d (package doc, For the people
-// on call): safe only with fencing. d <= 0 is invalid.
+// WithMaxHold caps the Session's holds at d (package doc: For the people on
+// call), for holders that may hang; safe only with fencing.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }

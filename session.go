@@ -175,8 +175,7 @@ func (s *Session) Done() <-chan struct{} {
 	return s.term.Load().ctx().Done()
 }
 
-// Lease returns the lease keys are put with now (a hold's is Hold.Lease); the
-// lost one until WithRenewal grants the next.
+// Lease returns new keys' lease (WithRenewal: the lost one till the next).
 func (s *Session) Lease() clientv3.LeaseID { return s.term.Load().id }
 
 // Client returns the client the Session was made with.
