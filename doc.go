@@ -100,10 +100,9 @@
 //     lost (Done) or f returns: f must then return soon. Goroutines with a
 //     context derived from f's hold the lock with f (HoldFrom); holds they
 //     leave end with the scope; a context kept after f returned grants none.
-//   - WithWatchdog(period): f calls Progress(ctx); after a period without,
-//     its context is cancelled and the lock released once it returns
-//     (ErrStalled); if f has not returned a period later, the Session is
-//     closed (its lease revoked: its locks free).
+//   - WithWatchdog(period): f calls Progress(ctx); a period without, and
+//     its context is cancelled, the lock released once it returns
+//     (ErrStalled); f still running a period later, the Session is closed.
 //
 // # For the people on call
 //
@@ -119,8 +118,8 @@
 //     so that the next holds, and the unlock returns ErrLockLost. A re-lock
 //     keeps the cap.
 //   - WithLockDelay makes an acquisition wait after a crash of the holder
-//     ahead; Waiting says that someone waits behind a hold; Health serves
-//     probes; SetLimit sets a limit.
+//     ahead; Waiting signals waiters behind a hold; Health serves probes;
+//     SetLimit changes a Semaphore's limit.
 //
 // # Compatibility and permissions
 //
@@ -128,8 +127,8 @@
 // etcd's concurrency.Mutex and etcdctl lock: the three exclude each other.
 // Unlike them, a Mutex ignores keys nested deeper: "a/b" does not block "a".
 // With etcd's authentication on, a lock's role needs read and write on the
-// keys that start with "name/" and "etcdlock.fence."; Lead's on
-// etcdlock.term.NAME and etcdlock.handover.NAME; DoOnce's on those under
-// "etcdlock.done.", and lease grants; SetLimit's on etcdlock.limit.NAME,
-// which a Semaphore reads (README, Permissions).
+// keys under "name/" and "etcdlock.fence."; Lead's also on etcdlock.term.NAME
+// and etcdlock.handover.NAME; DoOnce's under "etcdlock.done.", and lease
+// grants; SetLimit's on etcdlock.limit.NAME, which a Semaphore reads (see
+// README).
 package etcdlock

@@ -34,14 +34,13 @@ func (o OnceResult) String() string {
 	return "did not run"
 }
 
-// DoOnce runs f at most once per slot (a date, say), as far as the lock
-// excludes (fence: HoldFrom), across the processes that name the lock and
-// slot: OnceDone while etcd holds the slot's record; else it runs f as Do does
-// if the record is still missing once held, and if f returns nil puts the
-// record, guarded by the hold, on a lease of retention (at least etcd's
-// minimum TTL), after which the slot can run again. No clock is read; a lost
-// reply never runs f twice; a crash under f leaves the slot undone. Bad input
-// (ErrInvalidArgument), lock errors: f not run, nothing written.
+// DoOnce runs f at most once per slot (a date, say) across the processes that
+// name the lock and slot, as far as the lock excludes (fence: HoldFrom):
+// OnceDone while etcd holds the slot's record; else f runs as in Do if the
+// record is still missing once held, and if f returns nil the record is put,
+// guarded by the hold, on a lease of retention (at least etcd's minimum TTL).
+// No clock is read; a lost reply never runs f twice; a crash under f leaves
+// the slot undone; bad input (ErrInvalidArgument), lock errors: nothing done.
 func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, waitForever, f)
 }

@@ -10,13 +10,12 @@ import (
 // Breaking a stuck lock: an operator deletes a holder's key, fenced on its
 // token, and the holder learns of it through its loss signal.
 
-// Release deletes the key of e, an entry of the queue of the lock called name
-// (as Inspect shows it), in one Txn if its create revision is still e.Token:
-// it breaks a hold, or takes out a waiter, of any kind; the next holds at once
-// (a MultiMutex's other keys stay until its unlock or lease's end). It returns
-// nil once deleted; ErrNotHeld, wrapped, changing nothing, if the key is gone
-// or remade; ErrInvalidName or ErrInvalidArgument, wrapped, writing nothing,
-// for bad input; else etcd's error, wrapped, the delete applied or not.
+// Release deletes e's key (as Inspect lists it) from name's queue in one Txn,
+// if its create revision is still e.Token: it breaks a hold, or takes out a
+// waiter, of any kind; the next holds at once (a MultiMutex's other keys stay
+// until its unlock or lease's end). It returns nil once deleted; ErrNotHeld,
+// wrapped, if the key is gone or remade; ErrInvalidName or ErrInvalidArgument,
+// wrapped, for bad input, nothing written; else etcd's error (applied or not).
 func Release(ctx context.Context, client *clientv3.Client, name string, e QueueEntry) error {
 	if err := validateClient(ctx, client, name); err != nil {
 		return err
