@@ -7,16 +7,9 @@ import (
 	"time"
 )
 
-// Do takes the lock, runs f, and releases the lock once f has returned,
-// never while f runs. f's context, derived from ctx, is cancelled when ctx
-// ends, when Done closes, or when f returns: f must then return soon. Any
-// goroutine that uses a context derived from f's re-enters this lock at once
-// (they do not exclude each other); holds they leave end with the scope, and
-// a context kept after f returned grants nothing. Do returns the lock's error if f did not run; else f's error; else
-// ErrLockLost if the hold was lost, or about to be, while f ran; else the
-// release's error. With WithWatchdog, it returns ErrStalled, whatever f
-// returned, once the watchdog cancelled f. If f panics, Do releases the
-// lock and panics again.
+// Do runs f holding the lock (package doc, For jobs). It returns the lock's
+// error if f did not run; else f's; else ErrLockLost if the hold was lost (or
+// about to be) under f; else the release's; ErrStalled if the watchdog acted.
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
 	o := m.do(ctx, waitForever, f)
 	switch {
@@ -98,9 +91,7 @@ func (m *Mutex) do(ctx context.Context, wait time.Duration, f func(ctx context.C
 
 type heldKey struct{}
 
-// HoldFrom returns the hold of the innermost Do or Lead whose f's context
-// ctx derives from, and false outside any. The hold may have ended since:
-// fence with its Token or IsOwner.
+// HoldFrom returns the hold of ctx's innermost Do or Lead scope (maybe ended).
 func HoldFrom(ctx context.Context) (Hold, bool) {
 	h, ok := ctx.Value(heldKey{}).(Hold)
 	return h, ok

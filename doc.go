@@ -17,65 +17,58 @@
 //	defer m.UnlockContext(context.WithoutCancel(ctx))
 //
 // The rest of the family keeps the same guarantees: RWMutex (many readers or
-// one writer), Semaphore (at most N holders), MultiMutex (several locks at
-// once, with no deadlock), Mutex.Do (a scoped hold whose function stops when
-// the lock is lost), Lead (leader duty with failover), Inspect, Follow,
-// FollowLeader and LeaderOf (who holds, waits and leads), and Observer and
-// WithLogger. A Session made WithRenewal outlives its leases. Make each lock
-// with its New function; all methods are safe for concurrent use.
+// one writer), Semaphore (at most N permits held), MultiMutex (several locks
+// at once, with no deadlock); Do, DoOnce and Lead for jobs; tools for the
+// people on call. New functions write nothing and never fail (bad input
+// fails calls); a Session's handles of a name are one lock; all methods are
+// safe for concurrent use.
 //
 // # Guarantees of every lock
 //
-// Every lock, Do and Lead take and release holds one way; the methods state
-// only what differs.
+// Every lock, Do and Lead take and release holds one way, stated here once:
+// RLock and Acquire act as Lock, with their Try and Context forms, and
+// Permit.Release as the last UnlockContext.
 //
-//   - Waiters are served first come, first served, across processes (but for
-//     WithLocalHandoff's hand-offs).
+//   - First come, first served across processes (but for WithLocalHandoff).
 //   - A call that returns without the lock leaves no key of its own in etcd
-//     where etcd is reachable, also when ctx ends after etcd applied the
-//     request; a delete that etcd does not confirm is retried in the
-//     background until it succeeds or the key's lease ends (which deletes the
-//     key). A try that finds the lock held writes nothing.
-//   - The lock methods with a context return ctx.Err() if ctx ended;
+//     where etcd is reachable, even when ctx ends after etcd applied the
+//     request (an unconfirmed delete is retried in the background until it
+//     succeeds or the lease ends). A try that finds the lock held writes
+//     nothing.
+//   - The calls with a context return ctx.Err() if ctx ended;
 //     ErrSessionExpired if the Session ended (WithRenewal: the call's lease);
-//     ErrLockLost, changing
-//     nothing, to a goroutine that locks again a hold known lost;
-//     ErrWouldDeadlock to one that holds what it would wait for; else etcd's
-//     error, every time etcd refuses. With a deadline on ctx they return by
-//     that deadline + 1 s, even where etcd does not answer.
+//     ErrLockLost, changing nothing, to a re-lock of a hold known lost;
+//     ErrWouldDeadlock to a goroutine that holds what it would wait for; else
+//     etcd's error, whenever etcd refuses; with a deadline on ctx, by that
+//     deadline + 1 s, even if etcd is silent.
 //   - TryLockFor(ctx, wait) waits at most wait for others (wait <= 0: only
 //     try; ctx bounds etcd's answers): (true, nil) held, (false, nil) the wait
-//     ran out while others held or waited ahead, (false, err) failed.
+//     ran out while others held or waited ahead, (false, err) failed, also
+//     while an earlier key's delete is retried.
 //   - The last unlock (but for a hand-off) deletes the key, fenced on its
-//     create revision (never a later hold's), on a context detached from ctx
-//     and bounded by 3 s. It returns etcd's error if etcd did not confirm the
-//     delete (retried as above); ErrLockLost (or ErrSessionExpired) if the key
-//     was gone: the critical section may not have been exclusive. The hold
-//     ends in every case. With nothing held, an unlock returns ErrNotHeld.
+//     create revision, detached from ctx and within 3 s: etcd's error if not
+//     confirmed (retried as above); ErrLockLost (or ErrSessionExpired) if the
+//     key was gone: the critical section may not have been exclusive. The
+//     hold ends in every case. With nothing held: ErrNotHeld.
 //   - Lock retries other failures with backoff while the Session lives, and
 //     panics where the lock can never be taken: a closed Session (or, without
 //     WithRenewal, its lease gone), bad input, ErrWouldDeadlock, ErrLockLost.
 //     Unlock panics on ErrNotHeld or bad input, and reports nothing else.
-//     TryLock never panics; where etcd does not answer it returns false
+//     TryLock never panics; where etcd does not answer, it returns false
 //     within about 3 s.
 //
 // # Holds
 //
 // A hold is one acquisition's key in etcd (a MultiMutex's: one per name),
 // until the unlock that deletes it. It belongs to the goroutine that took it,
-// which may lock again through any handle of the same Session and name (each
-// lock needs its unlock; only the first and the last talk to etcd), or to
-// the scope of Do and Lead: the goroutines that use a context derived from
-// f's. A Permit is a hold of its own.
-//
-// Held returns the calling goroutine's hold as one snapshot (a Hold), which
-// cannot straddle a hand-off as separate calls can; HoldFrom(ctx) returns a
-// Do or Lead scope's. Key, Token, IsOwner and Done are shorthands: a Mutex's,
-// and a MultiMutex's Token and Done, describe the Session's one hold of it,
-// whichever goroutine asks; an RWMutex's, of which a Session may hold several
-// reads, the calling goroutine's (its write hold, else its read hold); a
-// Permit's, that permit. With no hold: "", 0, an always-false comparison, a
-// closed channel.
+// which may lock again through any handle of the Session and name (each lock
+// needs its unlock; only the first and last talk to etcd), or to the scope of
+// Do and Lead; a Permit is a hold of its own. Held returns it as one snapshot,
+// which cannot straddle a hand-off as separate calls can. Key, Token, IsOwner
+// and Done describe: for a Mutex or MultiMutex, the Session's one hold of it,
+// whichever goroutine asks (for a Mutex, a MultiMutex's hold of its name if
+// any); for an RWMutex, the calling goroutine's (write, else read); for a
+// Permit, itself. With no hold: "", 0, a false comparison, a closed channel.
 //
 // # What a lease-based lock cannot promise
 //
@@ -85,32 +78,48 @@
 //
 //   - Token, the create revision of the hold's key, strictly increases from
 //     one owner to the next: pass it with every write, and let the resource
-//     reject tokens lower than the highest it has seen. A Fence (Hold.Fence)
-//     carries it with the lock's name and key in one printable word;
-//     ParseFence reads it back, CheckFence asks etcd whether it still holds,
-//     and the package github.com/etcdlock/etcdlock/fence refuses stale ones
-//     in SQL and HTTP.
+//     reject tokens lower than the highest it has seen (a Fence carries it).
 //   - IsOwner makes an etcd Txn fail once the hold has ended or been lost.
-//   - Done, the hold's loss signal, stays open through re-locks and closes on
-//     the last unlock. While the hold lasts it closes within about 100 ms of
-//     its key's delete (by anyone) or its lease's revoke; 2/3 of the TTL after
-//     the last keep-alive etcd acknowledged was sent, at least TTL/3 before
-//     etcd can expire the lease (never while etcd answers keep-alives, sent
-//     every TTL/4, within 5/12 of the TTL); when the Session ends; and at a
-//     WithMaxHold cap. Then stop touching the resource; Done does not
-//     unlock. Its watch starts at the first call to Done (WithMaxHold: at the
-//     acquisition).
+//   - Done, the hold's loss signal, stays open through re-locks and closes at
+//     the last unlock; within about 100 ms of the key's delete (by anyone) or
+//     the lease's revoke; at least TTL/3 before etcd can expire the lease
+//     (never while keep-alives, sent every TTL/4, are answered within 5/12 of
+//     the TTL); when the Session ends; at a cap. Then stop touching the
+//     resource: Done does not unlock. It watches from its first call (with a
+//     cap: from the acquisition).
+//
+// # For jobs
+//
+// Mutex.Do runs f under a hold; DoOnce at most once per slot across
+// processes; Lead whenever this process leads a name, with failover (f ends
+// its term early by returning StepDown or HandOver). They share one scope:
+//
+//   - The lock is released only once f has returned, never while it runs;
+//     if f panics, the lock is released and the panic goes on.
+//   - f's context, derived from ctx, is cancelled when ctx ends, the hold is
+//     lost (Done) or f returns: f must then return soon. Goroutines with a
+//     context derived from f's hold the lock with f (HoldFrom); holds they
+//     leave end with the scope; a context kept after f returned grants none.
+//   - WithWatchdog(period): f calls Progress(ctx); a period without, and
+//     its context is cancelled, the lock released once it returns
+//     (ErrStalled); f still running a period later, the Session is closed.
 //
 // # For the people on call
 //
-// Release breaks a stuck lock (etcdlock release on the command line): it
-// deletes a holder's key, fenced on its token, and the holder learns of it
-// through Done. WithMaxHold caps every hold of a Session, CapHold one
-// call's; WithLockDelay makes an acquisition wait after a crash of the
-// holder before it; Waiting (on a Hold or a Permit) says that someone waits
-// behind the hold;
-// Session.Health and Session.HealthHandler serve probes; WithWatchdog and
-// Progress make Do and Lead give up an f that stopped making progress.
+// These work on a lock of any kind, from any process (the command etcdlock
+// too); a holder learns of what they do to its hold through Done (HoldLost,
+// with the reason), so they are safe only with fencing.
+//
+//   - Inspect, LeaderOf, Follow and FollowLeader read the queue, writing
+//     nothing; Release deletes one key of it, fenced: it breaks a stuck hold.
+//   - WithMaxHold caps every hold of a Session, CapHold one call's (with
+//     both, the lesser): d after the acquisition (or a hand-off within the
+//     process), Done closes (LossMaxHold), then the key is deleted, fenced,
+//     so that the next holds, and the unlock returns ErrLockLost. A re-lock
+//     keeps the cap.
+//   - WithLockDelay makes an acquisition wait after a crash of the holder
+//     ahead; Waiting signals waiters behind a hold; Health serves probes;
+//     SetLimit changes a Semaphore's limit.
 //
 // # Compatibility and permissions
 //
@@ -118,7 +127,8 @@
 // etcd's concurrency.Mutex and etcdctl lock: the three exclude each other.
 // Unlike them, a Mutex ignores keys nested deeper: "a/b" does not block "a".
 // With etcd's authentication on, a lock's role needs read and write on the
-// keys that start with "name/" and "etcdlock.fence." (docs/design.md §7);
-// DoOnce and etcdlock run --once-per also on those that start with
-// "etcdlock.done.", and lease grants for their records.
+// keys under "name/" and "etcdlock.fence."; Lead's also on etcdlock.term.NAME
+// and etcdlock.handover.NAME; DoOnce's under "etcdlock.done.", and lease
+// grants; SetLimit's on etcdlock.limit.NAME, which a Semaphore reads (see
+// README).
 package etcdlock

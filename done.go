@@ -85,9 +85,8 @@ func (h Hold) Done() <-chan struct{} {
 	return h.h.lost()
 }
 
-// IsOwner returns a comparison for a clientv3 Txn that is true only while
-// Key lasts; for a MultiMutex's other keys, compare their CreateRevision to
-// Token.
+// IsOwner returns a Txn comparison true only while Key lasts (for a
+// MultiMutex's other keys, compare their CreateRevision to Token).
 func (h Hold) IsOwner() clientv3.Cmp { return ownerCmp(h.Key, h.Token) }
 
 // Keys returns every key of the hold: Key, or a MultiMutex's, one per name.

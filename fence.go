@@ -16,28 +16,18 @@ import (
 // otherwise, so that a reader of this one refuses it.
 const fenceText = "etcdlock:"
 
-// A Fence names one hold so that a resource the lock guards can check it:
-// the lock's name, the hold's key and its fencing token. Its text form
-// (String) goes in an HTTP header, an SQL parameter, a queue message or an
-// environment variable, and ParseFence reads it back.
-//
-// A resource that keeps, per lock name, the highest Token it has accepted and
-// refuses lower ones accepts no write from a holder that was paused or cut
-// off after etcd gave the lock to someone else (the fence package does this
-// in SQL and HTTP). That rule is for exclusive holds (a Mutex, an RWMutex's
-// writer, a MultiMutex, Do, Lead): an RWMutex's readers and a Semaphore's
-// permits hold together, and the older of two would be refused; CheckFence
-// answers for them too. The zero Fence names no hold.
+// A Fence names one hold for the resource a lock guards (String: its text). A
+// resource that keeps the highest Token per Name and refuses lower ones refuses
+// a holder paused or cut off once etcd gave the lock on (package fence); for
+// exclusive holds: readers and permits hold together. Zero names no hold.
 type Fence struct {
 	Name  string // the lock's name: the resource keeps the highest token per name
 	Key   string // the hold's key, under Name+"/"
 	Token int64  // the hold's fencing token: its key's create revision
 }
 
-// Fence returns the hold's fence; the zero Fence for the zero Hold. A
-// MultiMutex's hold gives its first name's; a Mutex m of another of its
-// names gives that name's Key and Token: Fence{Name: name, Key: m.Key(),
-// Token: m.Token()}.
+// Fence returns the hold's fence (its first name's, for a MultiMutex; Mutex
+// m of another: Fence{name, m.Key(), m.Token()}); zero for the zero Hold.
 func (h Hold) Fence() Fence {
 	if h.h == nil {
 		return Fence{}
@@ -57,11 +47,8 @@ func (p *Permit) Fence() Fence {
 	return Fence{Name: p.sem.name, Key: p.h.t.Key(), Token: p.h.token()}
 }
 
-// String returns the fence's text form, "" for the zero Fence: "etcdlock:",
-// the token, ":", the name, ":", and the key after the name's "/", such as
-// etcdlock:1042:jobs/nightly:694d8f3a2b1c. Bytes other than ASCII letters,
-// digits and -_./~ are written %XX, so the form is printable ASCII without
-// spaces, and ParseFence reads back the same Fence.
+// String returns the text form, "" for the zero Fence: printable ASCII such
+// as etcdlock:1042:jobs/nightly:694d8f3a2b1c, other bytes written %XX.
 func (f Fence) String() string {
 	if f == (Fence{}) {
 		return ""
@@ -70,8 +57,7 @@ func (f Fence) String() string {
 	return fenceText + strconv.FormatInt(f.Token, 10) + ":" + escapeFence(f.Name) + ":" + escapeFence(rest)
 }
 
-// MarshalText returns the text form, as String does; an error for a Fence
-// that ParseFence would refuse, other than the zero Fence (empty text).
+// MarshalText returns String's form; an error for an invalid non-zero Fence.
 func (f Fence) MarshalText() ([]byte, error) {
 	if f == (Fence{}) {
 		return []byte{}, nil
@@ -82,8 +68,7 @@ func (f Fence) MarshalText() ([]byte, error) {
 	return []byte(f.String()), nil
 }
 
-// UnmarshalText reads a text form, as ParseFence does; empty text gives the
-// zero Fence. On error f is unchanged.
+// UnmarshalText reads as ParseFence, "" as zero; on error f is unchanged.
 func (f *Fence) UnmarshalText(text []byte) error {
 	if len(text) == 0 {
 		*f = Fence{}
@@ -97,10 +82,8 @@ func (f *Fence) UnmarshalText(text []byte) error {
 	return nil
 }
 
-// ParseFence reads the text form of a fence. It returns an error wrapping
-// ErrInvalidFence, which says what is wrong, for anything else: another
-// prefix, a token that is not a positive decimal, an empty name, a bad
-// escape, or a key that is not a lock key of that name.
+// ParseFence reads String's form; anything else (another prefix, a bad token,
+// name, escape or key) is an error wrapping ErrInvalidFence that says what.
 func ParseFence(s string) (Fence, error) {
 	body, ok := strings.CutPrefix(s, fenceText)
 	if !ok {
@@ -140,16 +123,10 @@ func (f Fence) valid() error {
 	return nil
 }
 
-// CheckFence reports, with one read of the lock's queue (as Inspect reads
-// it), whether f's hold is
-// a holder of its lock now: nil if its key is in etcd with f's token and
-// holds; an error wrapping ErrLockLost if the key is gone, was made anew or
-// waits; an error wrapping ErrInvalidFence for an invalid f; etcd's error if
-// the read failed. It is Chubby's CheckSequencer, for a server that receives
-// a fence and can reach etcd: the answer is true at a moment during the call,
-// and a holder can lose the lock right after it, so a write that must not
-// follow a lost hold still needs a resource that refuses stale tokens, or a
-// Txn guarded by the key's create revision. Nothing is written.
+// CheckFence reports, in one read, whether f's hold holds (Chubby's
+// CheckSequencer): nil if so; ErrLockLost, wrapped, if its key is gone, remade
+// or waits; ErrInvalidFence, wrapped, if f is invalid; else etcd's error. It
+// writes nothing; the answer may be stale at once: fence the writes too.
 func CheckFence(ctx context.Context, client *clientv3.Client, f Fence) error {
 	if err := f.valid(); err != nil {
 		return err

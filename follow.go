@@ -21,23 +21,16 @@ const (
 	followReadTimeout = 2 * time.Second
 )
 
-// Follow sends the queue of the lock called name, as Inspect reads it, now
-// and after each change, until ctx ends or the client is closed; then it
-// closes the channel. It never sends a queue older than one it sent, nor an
-// unchanged one; a busy receiver gets the newest queue when it next
-// receives. Each slice is the receiver's. It writes nothing; a change whose
-// watch event etcd lost is sent at most 5 s late (docs/design.md §6), and so
-// is a Semaphore's new limit (SetLimit), read but not watched. Given
-// bad input, it returns a closed channel: Inspect says what is wrong.
+// Follow sends the queue of name as Inspect reads it, now and at each change,
+// never older or unchanged (a busy receiver gets the newest; slices are its
+// own) until ctx ends or the client closes (bad input: at once), then closes
+// the channel. It writes nothing; a lost event comes 5 s late at most.
 func Follow(ctx context.Context, client *clientv3.Client, name string) <-chan []QueueEntry {
 	return follow(ctx, client, name, slices.Clone, slices.Equal)
 }
 
-// LeaderOf returns the holder of the Mutex queue of name: the leader of Lead
-// or of etcd's concurrency.Election, or a Mutex's holder; an error wrapping
-// ErrNoLeader if there is none, and Inspect's errors. It is one read, and
-// writes nothing. A leader cut off stays the holder until its lease expires:
-// fence with tokens.
+// LeaderOf reads the holder of name's Mutex queue (Lead's leader), else
+// ErrNoLeader, wrapped, or Inspect's errors. It may be cut off: fence.
 func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueEntry, error) {
 	entries, err := Inspect(ctx, client, name)
 	if err != nil {
@@ -49,11 +42,8 @@ func LeaderOf(ctx context.Context, client *clientv3.Client, name string) (QueueE
 	return QueueEntry{}, errorf("leader", name, ErrNoLeader)
 }
 
-// FollowLeader sends the leader of name, as LeaderOf finds it, now and at
-// each change (a new term is one), as Follow does; the zero QueueEntry when
-// nobody leads. Run it beside Lead to learn who leads. A Lead candidate that
-// holds only to give way to one handed over to (HandOver) is sent as the
-// holder it is for that moment; its f does not run.
+// FollowLeader sends LeaderOf's answer (zero: none), now and at each change (a
+// new term too), as Follow does; a candidate giving way to a hand-over too.
 func FollowLeader(ctx context.Context, client *clientv3.Client, name string) <-chan QueueEntry {
 	return follow(ctx, client, name, leaderIn, func(a, b []QueueEntry) bool { return leaderIn(a) == leaderIn(b) })
 }

@@ -9,16 +9,9 @@ import (
 // Health for probes: whether a Session's lease is kept alive within the
 // bound its holds rely on.
 
-// Health returns nil while the Session's lease is kept alive within its
-// bound: etcd acknowledged a keep-alive sent less than 2/3 of the TTL ago,
-// the point where its holds' Done close. Otherwise it returns why:
-// ErrSessionExpired, wrapped, once the Session has ended (Close, its lease
-// revoked or expired, its WithContext context ended, its client closed) or,
-// WithRenewal, while its lease is lost and the next not yet granted; else an
-// error saying how long etcd has not acknowledged a keep-alive. It reads the
-// Session's own clock and sends nothing to etcd: a nil answer says that the
-// lease lived 1/3 of the TTL ago, not that etcd answers now. A nil Session
-// gives ErrInvalidArgument.
+// Health returns nil while etcd acknowledged a keep-alive sent within 2/3 TTL
+// (the bound of holds' Done), read locally; else ErrSessionExpired, wrapped,
+// once ended (WithRenewal: lease-less), or how long etcd is silent.
 func (s *Session) Health() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalidArgument)
@@ -37,9 +30,8 @@ func (s *Session) Health() error {
 	return nil
 }
 
-// HealthHandler returns an http.Handler for liveness and readiness probes:
-// 200 and "ok" while Health returns nil, else 503 and Health's error, as
-// plain text that no cache keeps. It answers any method and path.
+// HealthHandler serves probes, any method and path: 200 "ok" while Health is
+// nil, else 503 and its error, as plain text no cache keeps.
 func (s *Session) HealthHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

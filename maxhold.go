@@ -12,19 +12,8 @@ import (
 // holdCapKey is the context key of CapHold's cap.
 type holdCapKey struct{}
 
-// CapHold returns a copy of ctx under which a lock call (LockContext,
-// TryLockFor, RLockContext, Acquire, Do, Lead: whatever acquires with it)
-// caps the hold it takes at d, as WithMaxHold caps every hold of a Session:
-// once d has passed since the acquisition, the hold's Done closes
-// (LossMaxHold), its key is deleted, fenced on its token, and the unlock
-// returns ErrLockLost. With a Session cap as well, the lesser applies. A
-// re-lock of a hold, which takes nothing new, keeps that hold's cap; so
-// does a hold handed on within the process (WithLocalHandoff): the cap is
-// the key's, from the acquisition that put it, counted from each hand-off,
-// and a CapHold of the goroutine it is handed to does not change it.
-// d <= 0, or a nil ctx, is an error wrapping ErrInvalidArgument, and ctx is
-// returned unchanged. As with WithMaxHold, a cap makes a lock safe only with
-// fencing.
+// CapHold returns a copy of ctx under which a lock call caps its hold at d,
+// as WithMaxHold; d <= 0 or a nil ctx: ErrInvalidArgument, wrapped, ctx as is.
 func CapHold(ctx context.Context, d time.Duration) (context.Context, error) {
 	switch {
 	case ctx == nil:

@@ -11,12 +11,10 @@ import (
 	"github.com/etcdlock/etcdlock/internal/queue"
 )
 
-// A MultiMutex is several locks taken together, and a sync.Locker: it holds
-// every one of its names, or none. Its keys are its names' Mutex keys, put by
-// one Txn at one revision (the token): it excludes and is excluded by a Mutex
-// of any of its names. MultiMutexes that share names never wait for each
-// other in a cycle, whatever the order of their names (docs/design.md §10).
-// A goroutine that holds one of its names another way gets ErrWouldDeadlock.
+// A MultiMutex holds all of its names, or none, and is a sync.Locker. Its
+// keys are its names' Mutex keys, put by one Txn (one token): it excludes a
+// Mutex of each name. MultiMutexes never wait for each other in a cycle,
+// whatever their names' order. A name held another way: ErrWouldDeadlock.
 type MultiMutex struct {
 	s     *Session
 	names []string      // sorted, distinct
@@ -24,8 +22,7 @@ type MultiMutex struct {
 	group string        // the names, joined: the mark of its holds in their records
 }
 
-// NewMultiMutex returns a handle on the locks called names, in any order, as
-// NewMutex does.
+// NewMultiMutex returns a handle on the locks called names, in any order.
 func NewMultiMutex(s *Session, names ...string) *MultiMutex {
 	names = slices.Compact(slices.Sorted(slices.Values(names)))
 	m := &MultiMutex{s: s, names: names, group: strings.Join(names, "\x00")}
@@ -85,8 +82,7 @@ func (m *MultiMutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, 
 	return m.acquire(ctx, max(wait, tryOnly))
 }
 
-// TryLock takes every lock if nobody holds or waits for any of the names,
-// as Mutex.TryLock does.
+// TryLock takes every lock if nobody holds or waits for any of the names.
 func (m *MultiMutex) TryLock() bool { return tryOnce(m.acquire) }
 
 // Lock takes every lock, as Mutex.Lock does.
@@ -149,9 +145,8 @@ func (m *MultiMutex) acquire(ctx context.Context, wait time.Duration) (bool, err
 	return err == nil, err
 }
 
-// UnlockContext ends one hold, as Mutex.UnlockContext does; the last one
-// deletes every key in one Txn, and if a key was gone, deletes the others and
-// returns ErrLockLost.
+// UnlockContext ends one hold; the last deletes every key in one Txn, and
+// returns ErrLockLost, having deleted the others, if one was gone.
 func (m *MultiMutex) UnlockContext(ctx context.Context) error {
 	if err := m.check(ctx); err != nil {
 		return err
@@ -188,8 +183,7 @@ func (m *MultiMutex) Held() (Hold, bool) {
 	return Hold{}, false
 }
 
-// Token returns the fencing token of the Session's hold, whichever goroutine
-// asks, or 0: the create revision of every key of it.
+// Token returns the token of the Session's hold (every key's), or 0.
 func (m *MultiMutex) Token() int64 {
 	if h := m.current(false); h != nil {
 		return h.token()
@@ -197,8 +191,7 @@ func (m *MultiMutex) Token() int64 {
 	return 0
 }
 
-// Done returns the loss signal of the Session's hold, as Mutex.Done does; it
-// closes when any of its keys is lost.
+// Done returns the Session's hold's loss signal: any of its keys lost.
 func (m *MultiMutex) Done() <-chan struct{} {
 	if h := m.current(false); h != nil {
 		return h.lost()

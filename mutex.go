@@ -10,9 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A Mutex is a distributed lock on etcd, and a sync.Locker. Its key is
-// name/<lease ID in hex>, as for etcd's concurrency.Mutex and etcdctl lock,
-// which it excludes and is excluded by.
+// A Mutex is a distributed lock, and a sync.Locker. Its key is name/<lease ID
+// in hex>, as for concurrency.Mutex and etcdctl lock, which it excludes.
 type Mutex struct {
 	s    *Session
 	name string
@@ -21,9 +20,7 @@ type Mutex struct {
 	st atomic.Pointer[lockState] // the lock's record, as last looked up
 }
 
-// NewMutex returns a handle on the lock called name, with the lease of s;
-// handles with the same Session and name are the same lock. It writes nothing
-// and never fails: a nil Session or the empty name makes the calls fail.
+// NewMutex returns a handle on the lock called name, on the lease of s.
 func NewMutex(s *Session, name string) *Mutex {
 	pfx := name + "/"
 	return &Mutex{s: s, name: name, rule: queue.Lock(pfx, pfx)}
@@ -45,28 +42,22 @@ func (m *Mutex) check(ctx context.Context) error {
 	return validate(m.s != nil, m.name, ctx)
 }
 
-// Lock takes the lock, blocking until it is held; it panics where the lock
-// can never be taken.
+// Lock takes the lock, blocking until held; it panics where it never can be.
 func (m *Mutex) Lock() { lockBlocking("Lock", m.Name(), m.session(), m.LockContext) }
 
-// Unlock ends one hold of the calling goroutine, as UnlockContext does, and
-// panics if it holds none.
+// Unlock ends one hold, as UnlockContext does; it panics if none is held.
 func (m *Mutex) Unlock() { unlockOrPanic("Unlock", m.Name(), m.UnlockContext) }
 
-// TryLock takes the lock if no other goroutine or process holds or waits for
-// it, and reports whether it did.
+// TryLock takes the lock if no other goroutine or process holds or waits.
 func (m *Mutex) TryLock() bool { return tryOnce(m.acquire) }
 
-// LockContext takes the lock, waiting until it is held or ctx ends; on
-// failure it leaves no key, and returns the errors of the package doc.
+// LockContext takes the lock, waiting until it is held or ctx ends.
 func (m *Mutex) LockContext(ctx context.Context) error {
 	_, err := m.acquire(ctx, waitForever)
 	return err
 }
 
-// TryLockFor takes the lock, waiting at most wait. While the delete of an
-// earlier key of the Session is retried in the background, a try, or a wait
-// that runs out, returns an error saying so, not (false, nil).
+// TryLockFor takes the lock, waiting at most wait for others.
 func (m *Mutex) TryLockFor(ctx context.Context, wait time.Duration) (bool, error) {
 	return m.acquire(ctx, max(wait, tryOnly))
 }
@@ -119,8 +110,7 @@ func (m *Mutex) ticket(tm *leaseTerm) *ticket {
 	return m.s.newTicket(tm, m.name, KindMutex, m.rule, mutexKey(m.name, tm.id), m.s.identity)
 }
 
-// UnlockContext ends one hold of the calling goroutine, or of the Do scope
-// ctx carries; the last one deletes the key.
+// UnlockContext ends one hold of the calling goroutine (or of ctx's Do scope).
 func (m *Mutex) UnlockContext(ctx context.Context) error {
 	if err := m.check(ctx); err != nil {
 		return err
@@ -147,8 +137,7 @@ func (m *Mutex) HoldCount() int {
 	return 0
 }
 
-// Held returns the calling goroutine's hold, and false if it holds none; the
-// other goroutines of a Do scope get it from HoldFrom.
+// Held returns the calling goroutine's hold, and false if it holds none.
 func (m *Mutex) Held() (Hold, bool) {
 	if st := m.lookup(); st != nil {
 		if h := st.mine(); h != nil {
@@ -158,9 +147,7 @@ func (m *Mutex) Held() (Hold, bool) {
 	return Hold{}, false
 }
 
-// Key returns the key of the Session's hold, whichever goroutine asks, or "".
-// While a MultiMutex of the Session holds the name, Key, Token, IsOwner and
-// Done describe its hold: Key is its key of this name.
+// Key returns the key of the Session's hold, or "" (package doc, Holds).
 func (m *Mutex) Key() string {
 	if h := m.current(); h != nil {
 		return h.keyOf(m.name)
@@ -168,8 +155,7 @@ func (m *Mutex) Key() string {
 	return ""
 }
 
-// Token returns the fencing token of the Session's hold, whichever goroutine
-// asks, or 0.
+// Token returns the fencing token of the Session's hold, or 0.
 func (m *Mutex) Token() int64 {
 	if h := m.current(); h != nil {
 		return h.token()
@@ -177,8 +163,7 @@ func (m *Mutex) Token() int64 {
 	return 0
 }
 
-// IsOwner returns a comparison for a clientv3 Txn that is true only while the
-// Session's hold lasts, whichever goroutine asks.
+// IsOwner returns a Txn comparison true only while the Session's hold lasts.
 func (m *Mutex) IsOwner() clientv3.Cmp {
 	if h := m.current(); h != nil {
 		return ownerCmp(h.keyOf(m.name), h.token())
@@ -186,9 +171,7 @@ func (m *Mutex) IsOwner() clientv3.Cmp {
 	return ownerCmp("", 0)
 }
 
-// Done returns the loss signal of the Session's hold, whichever goroutine
-// asks: closed within about 100 ms of its key's delete or lease's revoke, and
-// at least TTL/3 before etcd can expire the lease. It does not unlock.
+// Done returns the loss signal of the Session's hold (package doc).
 func (m *Mutex) Done() <-chan struct{} {
 	if h := m.current(); h != nil {
 		return h.lost()

@@ -9,26 +9,19 @@ import (
 	"github.com/etcdlock/etcdlock/internal/once"
 )
 
-// A OnceResult says how a DoOnce or TryDoOnce call went. The zero
-// OnceResult, with an error, says that f did not run.
+// A OnceResult says how a DoOnce or TryDoOnce call went; 0, with an error,
+// that f did not run. OnceRan with nil: the slot is recorded done; with f's
+// error or ErrLockLost, not (a later call runs f); with ErrStalled, only if f
+// returned nil; with etcd's, maybe. After OnceBusy the slot may be done.
 type OnceResult int
 
 const (
-	// OnceRan: f ran. With a nil error, f returned nil and the slot is
-	// recorded done. With f's error or ErrLockLost, nothing is recorded:
-	// a later call runs f again. With another error (etcd's, once f
-	// returned nil), the record may or may not be in etcd.
-	OnceRan OnceResult = iota + 1
-	// OnceDone: f did not run, the slot being recorded done, read before
-	// the lock was taken or once it was held.
-	OnceDone
-	// OnceBusy: f did not run, the lock being held or waited for by
-	// another for the whole wait of TryDoOnce. The slot may be done since.
-	OnceBusy
+	OnceRan  OnceResult = iota + 1 // f ran
+	OnceDone                       // f did not run: the slot was recorded done, before the lock or once held
+	OnceBusy                       // f did not run: the lock was busy (TryDoOnce)
 )
 
-// String returns "ran", "skipped: done", "skipped: busy", or "did not run"
-// for the zero OnceResult.
+// String returns "ran", "skipped: done", "skipped: busy" or "did not run".
 func (o OnceResult) String() string {
 	switch o {
 	case OnceRan:
@@ -41,43 +34,19 @@ func (o OnceResult) String() string {
 	return "did not run"
 }
 
-// DoOnce runs f at most once per slot of the lock, across every Session and
-// process that names the same lock and slot (such as "2026-11-26T03:00" for
-// a nightly run): it returns OnceDone if etcd holds the slot's record; else
-// it takes the lock as Do does, reads the record again, and runs f only if
-// it is still missing. When f returns nil, it records the slot done in one
-// Txn guarded by the hold's IsOwner, with a lease of retention (rounded up
-// to whole seconds, and raised by etcd to its minimum TTL) granted for the
-// record alone: the record outlives the hold and the Session, and expires
-// after retention, when the slot can run again. It reads no clock: whether
-// the slot is done is etcd's record alone, so a node that comes late, or
-// whose clock is off, skips the slot once another ran it.
-//
-// It returns (OnceRan, nil) once the record is in etcd; (OnceRan, f's
-// error) or (OnceRan, ErrLockLost) with nothing recorded, so that a later
-// call runs f; (OnceRan, etcd's error) if the record's put failed, the
-// record then in etcd or not; with WithWatchdog, (OnceRan, ErrStalled) once
-// the watchdog cancelled f, the slot recorded only if f returned nil. A put
-// whose reply was lost is sent again, being the same write: it never makes
-// f run twice. A crash while f runs (the process, or its lease) leaves the
-// slot not done. The errors of the lock, and a slot already done, leave f
-// not run and nothing written; the empty slot, a retention <= 0, a nil f or
-// ctx return ErrInvalidArgument wrapped, with nothing read or written.
-//
-// At most once holds as far as the lock excludes: a hold lost while f runs
-// (Done closes, f's context is cancelled) lets another take the lock and run
-// f before this f has returned; f's writes can refuse such a run with the
-// hold's fence (HoldFrom). The record's key, etcdlock.done.NAME@SLOT
-// ("%", "/" and "@" written %XX), is counted by no lock's queue.
+// DoOnce runs f at most once per slot (a date, say) across the processes that
+// name the lock and slot, as far as the lock excludes (fence: HoldFrom):
+// OnceDone while etcd holds the slot's record; else f runs as in Do if the
+// record is still missing once held, and if f returns nil the record is put,
+// guarded by the hold, on a lease of retention (at least etcd's minimum TTL).
+// No clock is read; a lost reply never runs f twice; a crash under f leaves
+// the slot undone; bad input (ErrInvalidArgument), lock errors: nothing done.
 func (m *Mutex) DoOnce(ctx context.Context, slot string, retention time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, waitForever, f)
 }
 
-// TryDoOnce is DoOnce waiting at most wait for the lock (0 tries once): it
-// returns (OnceBusy, nil), having run nothing and written nothing, when the
-// lock was held or waited for by another for the whole wait. For crontab
-// runs, where a run that finds the slot's run under way should skip it
-// rather than queue behind it.
+// TryDoOnce is DoOnce waiting at most wait, for cron: (OnceBusy, nil) while
+// another holds or waits the whole wait, nothing run or written.
 func (m *Mutex) TryDoOnce(ctx context.Context, slot string, retention, wait time.Duration, f func(ctx context.Context) error) (OnceResult, error) {
 	return m.doOnce(ctx, slot, retention, max(wait, tryOnly), f)
 }

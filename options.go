@@ -15,7 +15,8 @@ import (
 // DefaultTTL is the lease TTL of a Session made without WithTTL.
 const DefaultTTL = 60 * time.Second
 
-// A SessionOption configures NewSession.
+// A SessionOption configures NewSession; an invalid one (a duration or count
+// out of range) makes NewSession return ErrInvalidArgument.
 type SessionOption interface {
 	apply(*sessionOptions)
 }
@@ -44,9 +45,8 @@ func (o *sessionOptions) invalid(format string, args ...any) {
 	}
 }
 
-// WithTTL sets the lease TTL, rounded up to whole seconds (etcd may raise
-// it): how long the lock stays taken after this process dies or is cut off,
-// and how long a holder may believe it holds a lock it has lost.
+// WithTTL sets the lease TTL in whole seconds (etcd may raise it): how long a
+// lock outlives a dead or cut-off holder, who may believe it holds it.
 func WithTTL(ttl time.Duration) SessionOption {
 	return positive("TTL", ttl, func(o *sessionOptions) *time.Duration { return &o.ttl })
 }
@@ -63,9 +63,8 @@ func positive(what string, d time.Duration, field func(*sessionOptions) *time.Du
 	})
 }
 
-// WithLease makes the Session adopt an existing lease, to take back after a
-// restart a lock whose key is still attached to it (ErrSessionExpired if it
-// is gone). Never share a lease between processes: etcd sees one holder.
+// WithLease adopts a lease, to take back after a restart a lock on it (gone:
+// ErrSessionExpired). Never share a lease between processes.
 func WithLease(id clientv3.LeaseID) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if id <= 0 {
@@ -76,8 +75,7 @@ func WithLease(id clientv3.LeaseID) SessionOption {
 	})
 }
 
-// WithContext ties the Session to ctx: NewSession's RPCs use it, and its
-// end ends the Session as Close does.
+// WithContext ties the Session to ctx: NewSession's RPCs; Close at its end.
 func WithContext(ctx context.Context) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if ctx == nil {
@@ -88,10 +86,8 @@ func WithContext(ctx context.Context) SessionOption {
 	})
 }
 
-// WithLocalHandoff lets a lock pass to the Session's next waiting goroutine
-// without etcd, at most n times in a row (default 0): other processes wait
-// for at most n+1 local holds. The key and token go on, so a resource fenced
-// on tokens cannot tell those goroutines apart.
+// WithLocalHandoff lets a lock pass to the Session's next waiting goroutine,
+// key and token too, without etcd, n times in a row at most (default 0).
 func WithLocalHandoff(n int) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) {
 		if n < 0 {
@@ -102,85 +98,42 @@ func WithLocalHandoff(n int) SessionOption {
 	})
 }
 
-// WithIdentity sets the value of every key the Session puts (default ""),
-// which Inspect shows: name the process, and put no secret in it.
+// WithIdentity sets every key's value (default ""), for Inspect: no secret.
 func WithIdentity(id string) SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.identity = id })
 }
 
-// WithRenewal makes a Session that outlives its leases, for a long-running
-// service. When its lease is lost, every hold on it is lost as without
-// WithRenewal (its Done closes before the lease can expire), and the Session
-// revokes the old lease and grants a new one in the background, with backoff
-// (docs/design.md §9). Meanwhile Lock blocks, TryLock returns false, and the
-// context methods wait for the new lease (bounded by ctx and TryLockFor's
-// wait), or return ErrSessionExpired where they were under way on the lost
-// lease or none came (at once for a try). Its Done closes only at Close, the
-// end of the WithContext context, or when the client is closed.
+// WithRenewal makes a Session that outlives its leases: a lost lease loses its
+// holds, and lock calls wait for the next (TryLock: false; ErrSessionExpired
+// for a try, a call under way on the lost lease, or none within ctx or wait).
+// Its Done closes only at Close, WithContext's end or its client's close.
 func WithRenewal() SessionOption {
 	return sessionOptionFunc(func(o *sessionOptions) { o.renew = true })
 }
 
-// WithMaxHold caps every hold of the Session (of every kind, and Do's and
-// Lead's) at d from its acquisition (default: no cap), for a holder that may
-// hang: once d has passed, the hold's Done closes (HoldLost, LossMaxHold),
-// and then its key is deleted, fenced on its token, so that the next in the
-// queue holds; the holder's unlock returns ErrLockLost, and Do and Lead see
-// f's context cancelled. A hold ended before d is not touched. d <= 0:
-// NewSession returns ErrInvalidArgument.
-//
-// A cap makes a lock safe only with fencing: a holder that hangs past d and
-// then writes is no longer alone, so the resource must refuse its token or
-// the write be guarded by IsOwner. A hold handed on within the Session
-// (WithLocalHandoff) counts d from the hand-off. With a cap, the lease
-// term's loss watch watches the hold from its acquisition, as Done does.
+// WithMaxHold caps the Session's holds at d (package doc: For the people on
+// call), for holders that may hang; safe only with fencing.
 func WithMaxHold(d time.Duration) SessionOption {
 	return positive("max hold", d, func(o *sessionOptions) *time.Duration { return &o.maxHold })
 }
 
-// WithWatchdog makes Do and Lead on the Session watch their f (default: no
-// watchdog), as client-go's HealthzAdaptor does for its elector: f reports
-// progress with Progress(ctx); when it has not for period, f's context is
-// cancelled, the lock is released once f returns, and Do returns
-// ErrStalled; Lead campaigns again. If f has still not returned period after
-// that, the Session is closed, which revokes its lease and so frees every
-// lock of the Session for others; Do and Lead then return ErrStalled when f
-// returns. A period starts when f does. period <= 0: NewSession and Lead
-// return ErrInvalidArgument.
+// WithWatchdog makes Do and Lead watch f (package doc, For jobs), as client-go's
+// HealthzAdaptor: Do returns ErrStalled; Lead campaigns again, or returns it if
+// it closed the Session. A period starts with f.
 func WithWatchdog(period time.Duration) SessionOption {
 	return positive("watchdog period", period, func(o *sessionOptions) *time.Duration { return &o.watchdog })
 }
 
-// WithLockDelay makes an acquisition of the Session that waited wait d more
-// before it returns (default: none), where a key that was ahead of it in the
-// queue went with its lease (expired or revoked: a holder that crashed, or
-// was cut off) rather than by an unlock: a holder that was only cut off has
-// that long to see its loss, as Chubby's and Consul's lock-delay give. A
-// clean unlock hands off at once. The acquisition holds (its key is the
-// holder's) during the delay, and its hold is made before it: a cap
-// (WithMaxHold) counts from the hold, and a loss during the delay (the key
-// deleted, the lease gone or silent, the cap reached) ends the acquisition
-// with ErrLockLost, wrapped, its key deleted; if ctx ends meanwhile, it
-// deletes its key and returns ctx.Err(). TryLockFor's wait does not bound
-// the delay: ctx does.
-//
-// How it tells them apart: once it holds, it reads the queue as it was when
-// its key was put (one read at that revision) and asks etcd whether the
-// lease of each key ahead still exists (LeaseTimeToLive): an unlock deletes
-// the key and leaves the lease, a crash takes the lease with it. Where it
-// cannot tell (the revision compacted, etcd not answering, a holder that
-// unlocked and then revoked its lease, as Close does, before the question),
-// it delays: it never skips the delay after a crash it could have seen. A key
-// deleted while its lease lives (an unlock, or Release by hand) is no crash. An
-// acquisition that did not wait (no key ahead when it queued) is not
-// delayed, even right after a crash. d <= 0: NewSession returns
-// ErrInvalidArgument.
+// WithLockDelay makes an acquisition that waited behind a key gone with its
+// lease (a crash, not an unlock or delete) hold d more, as Chubby's lock-delay,
+// for a holder cut off to see its loss (in doubt, it delays: docs/design.md
+// §11). A cap counts from the hold; a loss or ctx's end (not TryLockFor's
+// wait) ends it: ErrLockLost, wrapped, or ctx.Err().
 func WithLockDelay(d time.Duration) SessionOption {
 	return positive("lock delay", d, func(o *sessionOptions) *time.Duration { return &o.lockDelay })
 }
 
-// WithObserver adds o to the Session's observers; package
-// etcdlock/prometheus makes metrics of them.
+// WithObserver adds o to the Session's observers (etcdlock/prometheus).
 func WithObserver(o Observer) SessionOption {
 	return sessionOptionFunc(func(so *sessionOptions) {
 		if o == nil {
@@ -191,8 +144,8 @@ func WithObserver(o Observer) SessionOption {
 	})
 }
 
-// WithLogger logs the Session's events to l (losses and failures at Warn or
-// Error, the rest at Debug), without the keys' values (identities).
+// WithLogger logs the events to l (losses, failures at Warn or Error, the rest
+// at Debug), without the keys' values (identities).
 func WithLogger(l *slog.Logger) SessionOption {
 	return sessionOptionFunc(func(so *sessionOptions) {
 		if l == nil {

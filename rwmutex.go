@@ -10,13 +10,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// An RWMutex is a distributed reader/writer lock: many readers or one
-// writer. A reader that comes after a queued writer waits behind it, so
-// writers are never starved. It excludes and is excluded by etcd's recipe
-// RWMutex, whose keys it uses, but not a Mutex of its name. A writer may lock
-// again and RLock; a reader may RLock again, and gets ErrWouldDeadlock for
-// the write lock (no upgrade). A read hold's token fences writes only against
-// later writers.
+// An RWMutex is many readers or one writer; later readers never starve a
+// writer. It excludes etcd's recipe RWMutex (same keys), not a Mutex. A writer
+// may lock again and RLock; a reader may RLock again, not Lock
+// (ErrWouldDeadlock). Readers' tokens fence only against later writers.
 type RWMutex struct {
 	s      *Session
 	name   string
@@ -130,9 +127,7 @@ func (rw *RWMutex) grant(write bool, h *keyHold) {
 	}
 }
 
-// UnlockContext ends one write hold of the calling goroutine, as
-// Mutex.UnlockContext does; reads taken while writing keep the key until the
-// last of them ends.
+// UnlockContext ends one write hold; reads taken while writing keep the key.
 func (rw *RWMutex) UnlockContext(ctx context.Context) error { return rw.release(ctx, true) }
 
 // RUnlockContext ends one read hold, as Mutex.UnlockContext does.
@@ -191,8 +186,7 @@ func (rw *RWMutex) Token() int64 {
 	return 0
 }
 
-// IsOwner returns a comparison for a clientv3 Txn that is true only while
-// the calling goroutine's hold lasts.
+// IsOwner returns a Txn comparison true only while the goroutine's hold lasts.
 func (rw *RWMutex) IsOwner() clientv3.Cmp {
 	if r := rw.mine(); r != nil {
 		return ownerCmp(r.h.t.Key(), r.h.token())
@@ -200,8 +194,7 @@ func (rw *RWMutex) IsOwner() clientv3.Cmp {
 	return ownerCmp("", 0)
 }
 
-// Done returns the loss signal of the calling goroutine's hold, as
-// Mutex.Done does; another reader's unlock does not close it.
+// Done returns the loss signal of the calling goroutine's hold.
 func (rw *RWMutex) Done() <-chan struct{} {
 	if r := rw.mine(); r != nil {
 		return r.h.lost()

@@ -15,10 +15,8 @@ const (
 	setupTimeout = 5 * time.Second
 )
 
-// A Session is one etcd lease, kept alive in the background and shared by
-// every lock made with it: when the process dies, etcd deletes its keys
-// within the TTL. It ends with its lease, unless made WithRenewal. Close it
-// when done.
+// A Session is one etcd lease, kept alive for its locks: etcd deletes their
+// keys within the TTL of the process's death. Close it when done.
 type Session struct {
 	client      *clientv3.Client
 	ask         time.Duration // the TTL a renewal asks for: the first lease's, as etcd granted it
@@ -59,9 +57,8 @@ type Session struct {
 	closeErr   error
 }
 
-// NewSession grants a lease on client (or adopts one, WithLease) and keeps
-// it alive. It returns an error, and leaves no lease behind, if an argument
-// is invalid or etcd does not answer within 5 s (or WithContext's deadline).
+// NewSession grants a lease (or adopts one) and keeps it alive; an error,
+// leaving no lease, if etcd does not answer within 5 s (or ctx's deadline).
 func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	return newSession(context.Background(), client, opts...)
 }
@@ -129,13 +126,9 @@ func newSession(setup context.Context, client *clientv3.Client, opts ...SessionO
 	return s, nil
 }
 
-// Close ends the Session: it revokes the lease, which deletes the keys of
-// every lock held or awaited with it. It returns within 5 s even when etcd
-// is unreachable (the lease then expires within the TTL), plus the time the
-// observers take over the events queued (see Observer). It returns the
-// revoke's error: nil if the lease was already gone, an error if the client
-// was closed first; later calls return the same. Then every lock call
-// returns ErrSessionExpired.
+// Close revokes the lease, deleting its locks' keys, within 5 s even if etcd
+// is unreachable (then the lease expires), plus the observers' time on queued
+// events. It, and later calls, return the revoke's error (nil if none).
 func (s *Session) Close() error {
 	s.end(func(tm *leaseTerm) error {
 		if s.stopRevoke != nil && !s.stopRevoke() {
@@ -172,11 +165,9 @@ func (s *Session) stop() *leaseTerm {
 	return tm
 }
 
-// Done returns a channel closed when the Session ends: Close, the end of the
-// WithContext context, its client closed; and without WithRenewal its lease
-// revoked (seen within about TTL/4 + a round trip) or expired, or a whole TTL
-// since the last acknowledged keep-alive was sent. It is no early warning: a
-// hold's Done closes earlier.
+// Done returns a channel closed when the Session ends: Close, WithContext's
+// end, its client closed; without WithRenewal, its lease revoked (seen within
+// TTL/4 + a round trip), expired or silent a TTL (holds' Done: sooner).
 func (s *Session) Done() <-chan struct{} {
 	if s.renews {
 		return s.life.Done()
@@ -184,8 +175,7 @@ func (s *Session) Done() <-chan struct{} {
 	return s.term.Load().ctx().Done()
 }
 
-// Lease returns the lease in use, with which keys taken now are put (a hold
-// keeps its own: Hold.Lease); the lost one until WithRenewal grants the next.
+// Lease returns new keys' lease (WithRenewal: the lost one till the next).
 func (s *Session) Lease() clientv3.LeaseID { return s.term.Load().id }
 
 // Client returns the client the Session was made with.

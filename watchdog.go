@@ -20,9 +20,8 @@ type watchdog struct {
 
 type watchdogKey struct{}
 
-// Progress tells the watchdog of the Do or Lead scope that ctx derives from
-// (WithWatchdog) that f makes progress. Outside such a scope, or without a
-// watchdog, it does nothing; it never blocks and never talks to etcd.
+// Progress tells the watchdog of the Do or Lead scope of ctx that f makes
+// progress; elsewhere it does nothing. It never blocks nor talks to etcd.
 func Progress(ctx context.Context) {
 	if ctx == nil {
 		return
