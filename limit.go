@@ -160,7 +160,7 @@ func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limi
 	txn, err := client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	switch {
 	case err != nil:
-		return false, err
+		return false, needs(err, "write on "+key+" and on "+pfx)
 	case txn == nil:
 		return false, errMalformed
 	}

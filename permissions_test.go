@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -89,11 +90,11 @@ func authServer(t *testing.T, perms ...permission) authEnv {
 
 // authClient returns a client of endpoints that logs in as user, closed by
 // t.Cleanup.
-func authClient(t *testing.T, endpoints []string, user, password string) *clientv3.Client {
+func authClient(t *testing.T, endpoints []string, user, password string, opts ...grpc.DialOption) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		Username: user, Password: password,
+		Username: user, Password: password, DialOptions: opts,
 	})
 	if err != nil {
 		t.Fatalf("client of %s: %v", user, err)
@@ -169,65 +170,84 @@ func TestRefusedIsNoMaybe(t *testing.T) {
 	}
 }
 
-// TestLockPermissions: a role with read and write on name/ and on the
-// fence keys (etcdlock.fence.), read on the Semaphore's limit record
-// (etcdlock.limit.name), and nothing else, is enough for every primitive of
-// the lock name: to lock, to unlock, to clean up after a lost reply, to
-// renew the Session's lease, and to close the Session.
+// TestLockPermissions: a role with read and write on name/ alone (what
+// concurrency.Mutex and etcdctl lock need), or with the fence keys
+// (etcdlock.fence.) besides, as 1.0.0 asked, and nothing else (no read of
+// the Semaphore's limit record), is enough for every primitive of the lock
+// name: to lock, to unlock, to clean up after a lost reply, to renew the
+// Session's lease, and to close the Session. With the fence, the lease
+// keeps its fence key; without, it has no key left.
 func TestLockPermissions(t *testing.T) {
 	testflags.Parallel(t)
-	name := "perm/" + t.Name()
-	env := authServer(t,
-		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
-		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)),
-		permission{queue.LimitKey(name), "", clientv3.PermissionType(clientv3.PermRead)})
-	root, user := env.root, env.user
-	fault := &txnFault{}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints: user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		Username: "locker", Password: "lockerpw",
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(fault.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := etcdlock.NewSession(c, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second))
-	if err != nil {
-		t.Fatalf("NewSession: %v", err)
-	}
-	ctx := testContext(t)
-	for _, o := range []struct {
-		name string
-		open func(*etcdlock.Session, string) famLock
-	}{{"mutex", openMutex}, {"writer", openWriter}, {"reader", openReader}, {"semaphore", openSemaphore(2)}, {"multi", openMulti}} {
-		l := o.open(s, name)
-		fault.arm(0, 1, loseReply)
-		if err := l.Lock(ctx); err == nil {
-			t.Fatalf("%s: lock with its reply lost: got nil, want an error", o.name)
-		}
-		fault.arm(0, 0, nil)
-		if err := l.Lock(ctx); err != nil {
-			t.Fatalf("%s: lock: got %v, want nil", o.name, err)
-		}
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatalf("%s: unlock: got %v, want nil", o.name, err)
-		}
-	}
-	if keys := leaseKeys(t, root, s.Lease()); len(keys) != 1 || keys[0] != "etcdlock.fence."+fmt.Sprintf("%x", s.Lease()) {
-		t.Errorf("keys on the lease: got %q, want the fence alone", keys)
-	}
-	revokeAndRenew(t, root, s)
-	m := etcdlock.NewMutex(s, name)
-	if err := m.LockContext(ctx); err != nil {
-		t.Fatalf("LockContext on the renewed lease: %v", err)
-	}
-	held := s.Lease()
-	if err := s.Close(); err != nil {
-		t.Errorf("Close: got %v, want nil", err)
-	}
-	if leaseAlive(t, root, held) {
-		t.Error("the lease outlived Close")
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	for _, role := range []struct {
+		name   string
+		fenced bool
+	}{{"prefix", false}, {"1.0.0", true}} {
+		t.Run(role.name, func(t *testing.T) {
+			testflags.Parallel(t)
+			name := "perm/" + t.Name()
+			perms := []permission{prefixPermission(name+"/", rw)}
+			if role.fenced {
+				perms = append(perms, prefixPermission("etcdlock.fence.", rw))
+			}
+			env := authServer(t, perms...)
+			root := env.root
+			fault := &txnFault{}
+			c := authClient(t, env.user.Endpoints(), "locker", "lockerpw", grpc.WithChainUnaryInterceptor(fault.intercept))
+			s, err := etcdlock.NewSession(c, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second))
+			if err != nil {
+				t.Fatalf("NewSession: %v", err)
+			}
+			ctx := testContext(t)
+			for _, o := range []struct {
+				name string
+				open func(*etcdlock.Session, string) famLock
+			}{{"mutex", openMutex}, {"writer", openWriter}, {"reader", openReader}, {"semaphore", openSemaphore(2)}, {"multi", openMulti}} {
+				l := o.open(s, name)
+				// The first lock learns what the role refuses (the fence,
+				// the limit record); the next loses its reply.
+				if err := l.Lock(ctx); err != nil {
+					t.Fatalf("%s: lock: got %v, want nil", o.name, err)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Fatalf("%s: unlock: got %v, want nil", o.name, err)
+				}
+				fault.arm(0, 1, loseReply)
+				if err := l.Lock(ctx); err == nil {
+					t.Fatalf("%s: lock with its reply lost: got nil, want an error", o.name)
+				}
+				fault.arm(0, 0, nil)
+				if err := l.Lock(ctx); err != nil {
+					t.Fatalf("%s: lock: got %v, want nil", o.name, err)
+				}
+				if keys := lockKeys(t, root, name); len(keys) == 0 {
+					t.Errorf("%s: keys while held: got none, want the hold's", o.name)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Fatalf("%s: unlock: got %v, want nil", o.name, err)
+				}
+			}
+			want := []string{}
+			if role.fenced {
+				want = []string{"etcdlock.fence." + fmt.Sprintf("%x", s.Lease())}
+			}
+			if keys := leaseKeys(t, root, s.Lease()); !slices.Equal(keys, want) {
+				t.Errorf("keys on the lease: got %q, want %q", keys, want)
+			}
+			revokeAndRenew(t, root, s)
+			m := etcdlock.NewMutex(s, name)
+			if err := m.LockContext(ctx); err != nil {
+				t.Fatalf("LockContext on the renewed lease: %v", err)
+			}
+			held := s.Lease()
+			if err := s.Close(); err != nil {
+				t.Errorf("Close: got %v, want nil", err)
+			}
+			if leaseAlive(t, root, held) {
+				t.Error("the lease outlived Close")
+			}
+		})
 	}
 }
 

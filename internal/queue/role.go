@@ -1,0 +1,66 @@
+package queue
+
+import (
+	"context"
+	"errors"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// What a role may not touch. Under etcd's authentication, a role with read
+// and write on a lock's own prefix (name/, what concurrency.Mutex and
+// etcdctl lock need) is enough for the queue: the keys beside it that the
+// protocol also reads and writes are done without where etcd refuses them.
+//
+//   - The lease's fence (Conn.FenceKey). Without it the lease's puts go as
+//     concurrency.Mutex's do: an unsure put is cleaned up by reading our
+//     keys and deleting what is there, fenced on its create revision. A put
+//     etcd applies after that read (held up in the network, or in a
+//     member's queue) then leaves its key in etcd, with the lease: in the
+//     queue, as a holder or a waiter that nobody serves, until the lease
+//     ends (a Session's Close revokes it), or until a ticket of the lease
+//     puts the same key again, which adopts it. Exclusion, the limit and
+//     the tokens' order hold all the same: the key is one more holder that
+//     holds nothing.
+//   - A semaphore's limit record (Rule.limitKey). Without it, the rule
+//     counts with its own limit, as a version that knows no record does:
+//     exact while no limit is recorded for the name; once one is, a role
+//     that may not read it counts with the limit its Semaphore was made
+//     with, and refuses an older key of another limit.
+//
+// Each is found refused at most once (a lease's fence, a rule's record),
+// by the refusal of a Txn that read it: one read of it then tells whether
+// it was the one refused. A refused Txn was not applied, so it is sent
+// again without it.
+
+// narrow is told that etcd refused a Txn of the ticket with err (the Txn
+// read the fence where fenced). Where err is "permission denied", it reads
+// the fence and each of the ticket's limit records, once each: those the
+// role may not read the lease and the rules go without from then on. It
+// reports whether it found one, so that the refused Txn, sent again
+// without, may succeed; false otherwise, and for any other error.
+func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
+	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		return false
+	}
+	found := false
+	if fenced && t.c.refuses(ctx, t.c.FenceKey) {
+		t.c.fenceOff.Store(true)
+		found = true
+	}
+	for _, m := range t.group {
+		if m.rule.recorded() && t.c.refuses(ctx, m.rule.limitKey) {
+			m.rule.recordOff.Store(true)
+			m.rule = m.rule.bare
+			found = true
+		}
+	}
+	return found
+}
+
+// refuses reports whether etcd refuses the role a read of key.
+func (c *Conn) refuses(ctx context.Context, key string) bool {
+	_, err := c.KV.Get(ctx, key, clientv3.WithKeysOnly())
+	return errors.Is(err, rpctypes.ErrPermissionDenied)
+}
