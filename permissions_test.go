@@ -181,21 +181,25 @@ func TestRefusedIsNoMaybe(t *testing.T) {
 // the Semaphore's limit record), is enough for every primitive of the lock
 // name: to lock, to unlock, to clean up after a lost reply, to renew the
 // Session's lease, and to close the Session. With the fence, the lease
-// keeps its fence key; without, it has no key left.
+// keeps its fence key; without (or with read on it alone), it has no key
+// left.
 func TestLockPermissions(t *testing.T) {
 	testflags.Parallel(t)
 	rw := clientv3.PermissionType(clientv3.PermReadWrite)
 	for _, role := range []struct {
 		name   string
 		fenced bool
-	}{{"prefix", false}, {"1.0.0", true}} {
+		fence  []permission // on the fence keys
+	}{
+		{"prefix", false, nil},
+		{"1.0.0", true, []permission{prefixPermission("etcdlock.fence.", rw)}},
+		// Compared, and refused only when the cleanup writes it.
+		{"fence read", false, []permission{prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermRead))}},
+	} {
 		t.Run(role.name, func(t *testing.T) {
 			testflags.Parallel(t)
 			name := "perm/" + t.Name()
-			perms := []permission{prefixPermission(name+"/", rw)}
-			if role.fenced {
-				perms = append(perms, prefixPermission("etcdlock.fence.", rw))
-			}
+			perms := append([]permission{prefixPermission(name+"/", rw)}, role.fence...)
 			env := authServer(t, perms...)
 			root := env.root
 			fault := &txnFault{}

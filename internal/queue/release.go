@@ -88,18 +88,11 @@ func (t *Ticket) Delete(ctx context.Context) (bool, error) {
 func (t *Ticket) fence(ctx context.Context) (bool, error) {
 	fenced := !t.c.fenceOff.Load()
 	found, err := t.settle(ctx, fenced)
-	if !fenced || !errors.Is(err, rpctypes.ErrPermissionDenied) {
+	if !fenced || !errors.Is(err, rpctypes.ErrPermissionDenied) || !t.fenceRefused(ctx) {
 		return found, err
 	}
-	found, uerr := t.settle(ctx, false)
-	switch {
-	case uerr == nil:
-		t.c.fenceOff.Store(true)
-		return found, nil
-	case errors.Is(uerr, rpctypes.ErrPermissionDenied):
-		return false, err // the fence was not what the role lacks
-	}
-	return false, uerr
+	t.c.fenceOff.Store(true)
+	return t.settle(ctx, false)
 }
 
 // settle is fence's Txn: fenced, it writes the fence; in any case it reads

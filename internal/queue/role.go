@@ -30,9 +30,10 @@ import (
 //     with, and refuses an older key of another limit.
 //
 // Each is found refused at most once (a lease's fence, a rule's record),
-// by the refusal of a Txn that read it: one read of it then tells whether
-// it was the one refused. A refused Txn was not applied, so it is sent
-// again without it.
+// by the refusal of a Txn that read or wrote it: one read of it, or a Txn
+// that may put it and our key but applies nothing, then tells whether it
+// was the one refused. A refused Txn was not applied, so it is sent again
+// without it.
 
 // narrow is told that etcd refused a Txn of the ticket with err (the Txn
 // read the fence where fenced). Where err is "permission denied", it reads
@@ -59,8 +60,24 @@ func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
 	return found
 }
 
+// fenceRefused is told that etcd refused the write of the fence: it reports
+// whether the role may not write the fence but may write our keys. A role
+// that may write neither (write revoked for now) keeps the fence: its
+// cleanup is refused, and retried.
+func (t *Ticket) fenceRefused(ctx context.Context) bool {
+	return t.c.refusesPut(ctx, t.c.FenceKey) && !t.c.refusesPut(ctx, t.key)
+}
+
 // refuses reports whether etcd refuses the role a read of key.
 func (c *Conn) refuses(ctx context.Context, key string) bool {
 	_, err := c.KV.Get(ctx, key, clientv3.WithKeysOnly())
+	return errors.Is(err, rpctypes.ErrPermissionDenied)
+}
+
+// refusesPut reports whether etcd refuses the role a put of key, by a Txn
+// whose compare is never true: etcd checks the permission of every Op of a
+// Txn, and applies none of these.
+func (c *Conn) refusesPut(ctx context.Context, key string) bool {
+	_, err := c.KV.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "<", 0)).Then(clientv3.OpPut(key, "")).Commit()
 	return errors.Is(err, rpctypes.ErrPermissionDenied)
 }

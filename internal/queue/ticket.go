@@ -89,12 +89,6 @@ type Conn struct {
 	fenceOff atomic.Bool  // etcd refused the fence to the client's role: go without it
 }
 
-// Unfenced reports whether etcd refused the fence to the client's role, so
-// that the lease's puts go without it, as concurrency.Mutex's do: a put
-// applied after the delete of its unsure key may then leave that key in
-// etcd, with the lease, until the lease ends (role.go).
-func (c *Conn) Unfenced() bool { return c.fenceOff.Load() }
-
 // fenceSeen records the fence's mod revision as a reply of etcd gave it. A
 // reply older than one already seen is ignored, except one that finds the
 // fence gone (deleted by hand): a wrong guess costs one more Txn, which
@@ -594,8 +588,9 @@ func (t *Ticket) blocked(ctx context.Context, replies []*pb.ResponseOp, seen int
 }
 
 // placed reads the reply of a Txn that put our keys if they were absent and
-// the fence at fence, and then read the rules' newest keys, or else read our
-// keys and the fence: a place per key, or moved when the fence had moved
+// (fenced) the fence at fence, and then read the rules' newest keys, or else
+// read our keys and (fenced) the fence: a place per key, or moved when the
+// fence had moved
 // (nothing was put: send again). It sets the keys' rev. A place is unread
 // when the reply could not tell it.
 func (t *Ticket) placed(resp *clientv3.TxnResponse, fence int64, fenced bool) (ps []place, moved bool, err error) {
