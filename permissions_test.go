@@ -548,6 +548,13 @@ func TestSemaphoreWithoutLimitRecord(t *testing.T) {
 		}
 	}
 
+	// What needs the record asks for it, by name.
+	if _, err := etcdlock.ReadLimit(ctx, env.user, name); !errors.Is(err, rpctypes.ErrPermissionDenied) || !strings.Contains(err.Error(), "read on "+name+"/ and on "+queue.LimitKey(name)) {
+		t.Errorf("ReadLimit without read on the record: got %v, want permission denied naming it", err)
+	}
+	if err := etcdlock.SetLimit(ctx, env.user, name, 1); !errors.Is(err, rpctypes.ErrPermissionDenied) || !strings.Contains(err.Error(), queue.LimitKey(name)) {
+		t.Errorf("SetLimit without the record: got %v, want permission denied naming it", err)
+	}
 	if err := etcdlock.SetLimit(ctx, env.root, name, 1); err != nil {
 		t.Fatal(err)
 	}
