@@ -40,10 +40,23 @@ import (
 // the fence and each of the ticket's limit records, once each: those the
 // role may not read the lease and the rules go without from then on. It
 // reports whether it found one, so that the refused Txn, sent again
-// without, may succeed; false otherwise, and for any other error.
+// without, may succeed; false otherwise, and for any other error. Where the
+// role may read them all, that costs one read.
 func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
 	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		return false
+	}
+	var keys []string
+	if fenced {
+		keys = append(keys, t.c.FenceKey)
+	}
+	for _, m := range t.group {
+		if m.rule.recorded() {
+			keys = append(keys, m.rule.limitKey)
+		}
+	}
+	if len(keys) == 0 || len(keys) > 1 && !t.c.refuses(ctx, keys...) {
+		return false // the role may read them all: the refusal is of our keys
 	}
 	found := false
 	if fenced && t.c.refuses(ctx, t.c.FenceKey) {
@@ -68,9 +81,14 @@ func (t *Ticket) fenceRefused(ctx context.Context) bool {
 	return t.c.refusesPut(ctx, t.c.FenceKey) && !t.c.refusesPut(ctx, t.key)
 }
 
-// refuses reports whether etcd refuses the role a read of key.
-func (c *Conn) refuses(ctx context.Context, key string) bool {
-	_, err := c.KV.Get(ctx, key, clientv3.WithKeysOnly())
+// refuses reports whether etcd refuses the role a read of keys, in one
+// Txn: of one of them, at least.
+func (c *Conn) refuses(ctx context.Context, keys ...string) bool {
+	ops := make([]clientv3.Op, len(keys))
+	for i, key := range keys {
+		ops[i] = clientv3.OpGet(key, clientv3.WithKeysOnly())
+	}
+	_, err := c.KV.Txn(ctx).Then(ops...).Commit()
 	return errors.Is(err, rpctypes.ErrPermissionDenied)
 }
 
