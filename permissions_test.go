@@ -513,7 +513,8 @@ func TestLatePutWithoutFence(t *testing.T) {
 // TestSemaphoreWithoutLimitRecord: a role that served a Semaphore in 1.0.0
 // (read and write on name/ and the fence keys, no read of the limit record
 // etcdlock.limit.name) acquires and releases permits, and a role with read
-// on name/ alone inspects its queue; both count the holders with the limit
+// on name/ alone inspects its queue (and a holder learns that one waits);
+// both count the holders with the limit
 // the Semaphore was made with, as 1.0.0 did, which is exact while no limit
 // is recorded. The weaker case, once one is (SetLimit): a Semaphore that
 // cannot read the record counts with its own limit, so that a record lower
@@ -548,6 +549,9 @@ func TestSemaphoreWithoutLimitRecord(t *testing.T) {
 		}
 	}
 
+	if _, ok := closedWithin(b.Waiting(), testTimeout); !ok {
+		t.Error("Waiting of a holder with a waiter behind it: not closed")
+	}
 	// What needs the record asks for it, by name.
 	if _, err := etcdlock.ReadLimit(ctx, env.user, name); !errors.Is(err, rpctypes.ErrPermissionDenied) || !strings.Contains(err.Error(), "read on "+name+"/ and on "+queue.LimitKey(name)) {
 		t.Errorf("ReadLimit without read on the record: got %v, want permission denied naming it", err)
