@@ -37,11 +37,11 @@ import (
 
 // narrow is told that etcd refused a Txn of the ticket with err (the Txn
 // read the fence where fenced). Where err is "permission denied", it reads
-// the fence and each of the ticket's limit records, once each: those the
-// role may not read the lease and the rules go without from then on. It
-// reports whether it found one, so that the refused Txn, sent again
-// without, may succeed; false otherwise, and for any other error. Where the
-// role may read them all, that costs one read.
+// the fence and the ticket's limit records, all in one Txn and, if that is
+// refused, each alone: those the role may not read the lease and the rules
+// go without from then on. It reports whether it found one, so that the
+// refused Txn, sent again without, may succeed; false otherwise, and for
+// any other error.
 func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
 	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		return false
