@@ -3,6 +3,8 @@ package queue
 import (
 	"context"
 	"errors"
+	"sync/atomic"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,31 +48,66 @@ func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
 	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		return false
 	}
+	fence := fenced && !t.c.fenceRead.recent(t.c.TTL)
 	var keys []string
-	if fenced {
+	if fence {
 		keys = append(keys, t.c.FenceKey)
 	}
+	var rules []*Ticket
 	for _, m := range t.group {
-		if m.rule.recorded() {
+		if m.rule.recorded() && !m.rule.recordRead.recent(t.c.TTL) {
 			keys = append(keys, m.rule.limitKey)
+			rules = append(rules, m)
 		}
 	}
-	if len(keys) == 0 || len(keys) > 1 && !t.c.refuses(ctx, keys...) {
-		return false // the role may read them all: the refusal is of our keys
+	readable := func() {
+		if fence {
+			t.c.fenceRead.now()
+		}
+		for _, m := range rules {
+			m.rule.recordRead.now()
+		}
+	}
+	switch {
+	case len(keys) == 0:
+		return false // all read lately: the refusal is of our keys
+	case len(keys) > 1 && !t.c.refuses(ctx, keys...):
+		readable()
+		return false
 	}
 	found := false
-	if fenced && t.c.refuses(ctx, t.c.FenceKey) {
-		t.c.fenceOff.Store(true)
-		found = true
-	}
-	for _, m := range t.group {
-		if m.rule.recorded() && t.c.refuses(ctx, m.rule.limitKey) {
-			m.rule.recordOff.Store(true)
-			m.rule = m.rule.bare
+	if fence {
+		if t.c.refuses(ctx, t.c.FenceKey) {
+			t.c.fenceOff.Store(true)
 			found = true
+		} else {
+			t.c.fenceRead.now()
 		}
 	}
+	for _, m := range rules {
+		if !t.c.refuses(ctx, m.rule.limitKey) {
+			m.rule.recordRead.now()
+			continue
+		}
+		m.rule.recordOff.Store(true)
+		m.rule = m.rule.bare
+		found = true
+	}
 	return found
+}
+
+// A readAt is when a key was last found readable by the role (Unix ns; 0:
+// never): a refusal within a TTL of that is taken for one of our keys, and
+// costs no read of it (a role refused its own keys pays nothing more a
+// call). A grant revoked meanwhile is found at the first refusal after.
+type readAt struct{ at atomic.Int64 }
+
+func (r *readAt) now() { r.at.Store(time.Now().UnixNano()) }
+
+// recent reports whether the key was found readable within d.
+func (r *readAt) recent(d time.Duration) bool {
+	at := r.at.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < d
 }
 
 // fenceRefused is told that etcd refused the write of the fence: it reports

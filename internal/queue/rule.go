@@ -37,8 +37,9 @@ type Rule struct {
 	// bare is a semaphore's rule without its limit record, for a role that
 	// may not read it (role.go); recordOff: etcd refused the record to the
 	// role, so that tickets take bare.
-	bare      *Rule
-	recordOff atomic.Bool
+	bare       *Rule
+	recordOff  atomic.Bool
+	recordRead readAt // the role was last found to read the record
 	// accept returns the error, never nil, of an older key's value that is
 	// no permit's, or that carries another limit while no record says the
 	// limit (a semaphore's); nil for a lock, whose reads bring no values.

@@ -85,8 +85,9 @@ type Conn struct {
 	// (role.go).
 	FenceKey string
 
-	fenceRev atomic.Int64 // the fence's mod revision, as last seen; 0 while it is absent
-	fenceOff atomic.Bool  // etcd refused the fence to the client's role: go without it
+	fenceRev  atomic.Int64 // the fence's mod revision, as last seen; 0 while it is absent
+	fenceOff  atomic.Bool  // etcd refused the fence to the client's role: go without it
+	fenceRead readAt       // the role was last found to read the fence (role.go)
 }
 
 // fenceSeen records the fence's mod revision as a reply of etcd gave it. A
