@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -123,3 +124,13 @@ func (e *opError) Error() string {
 }
 
 func (e *opError) Unwrap() error { return e.err }
+
+// needs returns err, where it is etcd's "permission denied", with what the
+// call needs of the role (such as "read on etcdlock.limit.jobs"); any other
+// error as it is. errors.Is still sees etcd's error.
+func needs(err error, what string) error {
+	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		return err
+	}
+	return fmt.Errorf("%w: the role needs %s", err, what)
+}

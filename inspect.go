@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/etcdlock/etcdlock/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -53,8 +55,10 @@ func readQueue(ctx context.Context, client *clientv3.Client, name, op string) (e
 
 // readKeys reads the keys under name's prefix, and the revision of the
 // read. Where they are a Semaphore's, it also reads the limit record at
-// that revision; withLimit, it reads both in one Txn. The read of a Mutex's
-// queue is one Range, and needs no permission on the record's key.
+// that revision, unless etcd refuses it to the role (rec is then nil);
+// withLimit, it reads both in one Txn, and a refusal is an error that names
+// them. The read of a Mutex's queue is one Range, and needs no permission
+// on the record's key.
 func readKeys(ctx context.Context, client *clientv3.Client, name string, withLimit bool) (kvs []*mvccpb.KeyValue, rec *mvccpb.KeyValue, rev int64, err error) {
 	pfx := name + "/"
 	if !withLimit {
@@ -70,6 +74,11 @@ func readKeys(ctx context.Context, client *clientv3.Client, name string, withLim
 		rev := resp.Header.Revision
 		rr, err := client.Get(ctx, queue.LimitKey(name), clientv3.WithRev(rev))
 		switch {
+		case errors.Is(err, rpctypes.ErrPermissionDenied):
+			// A role with read on name/ alone, as 1.0.0's Inspect needed:
+			// the holders are counted as 1.0.0 counted them, with the
+			// oldest key's limit.
+			return resp.Kvs, nil, rev, nil
 		case err != nil:
 			return nil, nil, 0, err
 		case rr == nil || len(rr.Kvs) > 1:
@@ -81,7 +90,7 @@ func readKeys(ctx context.Context, client *clientv3.Client, name string, withLim
 	}
 	resp, err := client.Txn(ctx).Then(clientv3.OpGet(pfx, clientv3.WithPrefix()), clientv3.OpGet(queue.LimitKey(name))).Commit()
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, needs(err, "read on "+pfx+" and on "+queue.LimitKey(name))
 	}
 	kvs, rec, err = queueReply(resp)
 	if err != nil {

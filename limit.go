@@ -40,7 +40,8 @@ const maxLimitKeys = 120
 // until deleted by hand, and deleting it gives the holders' own limit back
 // and takes no permit back, so that holders kept above that limit then
 // count as over it. Every holder must run a version that reads the record
-// (v1.1 or later); an older one counts with its own limit.
+// (v1.1 or later), under a role that may read it: an older one, or one
+// whose role etcd refuses the record, counts with its own limit.
 //
 // It returns ErrInvalidName for the empty name; ErrInvalidArgument, wrapped,
 // for a nil context or client or a limit below 1, and for a lowering while
@@ -48,7 +49,8 @@ const maxLimitKeys = 120
 // Txn can guard); ErrLimitMismatch, wrapped, when no limit is recorded and the queue's keys are not all
 // permits of one limit (a Mutex's, or Semaphores made with different
 // limits); etcd's error, or ctx's, wrapped, where the record may or may
-// not have been written (ReadLimit tells).
+// not have been written (ReadLimit tells); etcd's "permission denied",
+// wrapped with the grants it needs, where etcd refused it.
 func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) error {
 	if err := validateClient(ctx, client, name); err != nil {
 		return err
@@ -160,7 +162,7 @@ func trySetLimit(ctx context.Context, client *clientv3.Client, name string, limi
 	txn, err := client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	switch {
 	case err != nil:
-		return false, err
+		return false, needs(err, "write on "+key+" and on "+pfx)
 	case txn == nil:
 		return false, errMalformed
 	}

@@ -379,7 +379,7 @@ func (mc *matrixCase) run(srv *etcdtest.Server, healthy *clientv3.Client) {
 	defer acancel()
 	mc.sm.enter(phaseAcquire, acancel)
 	if mc.at == callCheck {
-		mc.sm.bump = func() { _, _ = healthy.Put(context.Background(), mc.parent+"-bump", "") }
+		mc.sm.setBump(func() { _, _ = healthy.Put(context.Background(), mc.parent+"-bump", "") })
 	}
 	if mc.at == callGrant && mc.session != nil {
 		// A renewing Session grants a lease only after it lost one: its
@@ -409,7 +409,7 @@ func (mc *matrixCase) run(srv *etcdtest.Server, healthy *clientv3.Client) {
 	}
 	acquired := time.Now()
 	mc.returned.Store(true)
-	mc.sm.bump = nil
+	mc.sm.setBump(nil)
 	var key string
 	var token int64
 	var done <-chan struct{}

@@ -9,13 +9,19 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
@@ -89,11 +95,11 @@ func authServer(t *testing.T, perms ...permission) authEnv {
 
 // authClient returns a client of endpoints that logs in as user, closed by
 // t.Cleanup.
-func authClient(t *testing.T, endpoints []string, user, password string) *clientv3.Client {
+func authClient(t *testing.T, endpoints []string, user, password string, opts ...grpc.DialOption) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		Username: user, Password: password,
+		Username: user, Password: password, DialOptions: opts,
 	})
 	if err != nil {
 		t.Fatalf("client of %s: %v", user, err)
@@ -169,65 +175,88 @@ func TestRefusedIsNoMaybe(t *testing.T) {
 	}
 }
 
-// TestLockPermissions: a role with read and write on name/ and on the
-// fence keys (etcdlock.fence.), read on the Semaphore's limit record
-// (etcdlock.limit.name), and nothing else, is enough for every primitive of
-// the lock name: to lock, to unlock, to clean up after a lost reply, to
-// renew the Session's lease, and to close the Session.
+// TestLockPermissions: a role with read and write on name/ alone (what
+// concurrency.Mutex and etcdctl lock need), or with the fence keys
+// (etcdlock.fence.) besides, as 1.0.0 asked, and nothing else (no read of
+// the Semaphore's limit record), is enough for every primitive of the lock
+// name: to lock, to unlock, to clean up after a lost reply, to renew the
+// Session's lease, and to close the Session. With the fence, the lease
+// keeps its fence key; without (or with read on it alone), it has no key
+// left.
 func TestLockPermissions(t *testing.T) {
 	testflags.Parallel(t)
-	name := "perm/" + t.Name()
-	env := authServer(t,
-		prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)),
-		prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermReadWrite)),
-		permission{queue.LimitKey(name), "", clientv3.PermissionType(clientv3.PermRead)})
-	root, user := env.root, env.user
-	fault := &txnFault{}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints: user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		Username: "locker", Password: "lockerpw",
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(fault.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := etcdlock.NewSession(c, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second))
-	if err != nil {
-		t.Fatalf("NewSession: %v", err)
-	}
-	ctx := testContext(t)
-	for _, o := range []struct {
-		name string
-		open func(*etcdlock.Session, string) famLock
-	}{{"mutex", openMutex}, {"writer", openWriter}, {"reader", openReader}, {"semaphore", openSemaphore(2)}, {"multi", openMulti}} {
-		l := o.open(s, name)
-		fault.arm(0, 1, loseReply)
-		if err := l.Lock(ctx); err == nil {
-			t.Fatalf("%s: lock with its reply lost: got nil, want an error", o.name)
-		}
-		fault.arm(0, 0, nil)
-		if err := l.Lock(ctx); err != nil {
-			t.Fatalf("%s: lock: got %v, want nil", o.name, err)
-		}
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatalf("%s: unlock: got %v, want nil", o.name, err)
-		}
-	}
-	if keys := leaseKeys(t, root, s.Lease()); len(keys) != 1 || keys[0] != "etcdlock.fence."+fmt.Sprintf("%x", s.Lease()) {
-		t.Errorf("keys on the lease: got %q, want the fence alone", keys)
-	}
-	revokeAndRenew(t, root, s)
-	m := etcdlock.NewMutex(s, name)
-	if err := m.LockContext(ctx); err != nil {
-		t.Fatalf("LockContext on the renewed lease: %v", err)
-	}
-	held := s.Lease()
-	if err := s.Close(); err != nil {
-		t.Errorf("Close: got %v, want nil", err)
-	}
-	if leaseAlive(t, root, held) {
-		t.Error("the lease outlived Close")
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	for _, role := range []struct {
+		name   string
+		fenced bool
+		fence  []permission // on the fence keys
+	}{
+		{"prefix", false, nil},
+		{"1.0.0", true, []permission{prefixPermission("etcdlock.fence.", rw)}},
+		// Compared, and refused only when the cleanup writes it.
+		{"fence read", false, []permission{prefixPermission("etcdlock.fence.", clientv3.PermissionType(clientv3.PermRead))}},
+	} {
+		t.Run(role.name, func(t *testing.T) {
+			testflags.Parallel(t)
+			name := "perm/" + t.Name()
+			perms := append([]permission{prefixPermission(name+"/", rw)}, role.fence...)
+			env := authServer(t, perms...)
+			root := env.root
+			fault := &txnFault{}
+			c := authClient(t, env.user.Endpoints(), "locker", "lockerpw", grpc.WithChainUnaryInterceptor(fault.intercept))
+			s, err := etcdlock.NewSession(c, etcdlock.WithRenewal(), etcdlock.WithTTL(2*time.Second))
+			if err != nil {
+				t.Fatalf("NewSession: %v", err)
+			}
+			ctx := testContext(t)
+			for _, o := range []struct {
+				name string
+				open func(*etcdlock.Session, string) famLock
+			}{{"mutex", openMutex}, {"writer", openWriter}, {"reader", openReader}, {"semaphore", openSemaphore(2)}, {"multi", openMulti}} {
+				l := o.open(s, name)
+				// The first lock learns what the role refuses (the fence,
+				// the limit record); the next loses its reply.
+				if err := l.Lock(ctx); err != nil {
+					t.Fatalf("%s: lock: got %v, want nil", o.name, err)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Fatalf("%s: unlock: got %v, want nil", o.name, err)
+				}
+				fault.arm(0, 1, loseReply)
+				if err := l.Lock(ctx); err == nil {
+					t.Fatalf("%s: lock with its reply lost: got nil, want an error", o.name)
+				}
+				fault.arm(0, 0, nil)
+				if err := l.Lock(ctx); err != nil {
+					t.Fatalf("%s: lock: got %v, want nil", o.name, err)
+				}
+				if keys := lockKeys(t, root, name); len(keys) == 0 {
+					t.Errorf("%s: keys while held: got none, want the hold's", o.name)
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Fatalf("%s: unlock: got %v, want nil", o.name, err)
+				}
+			}
+			want := []string{}
+			if role.fenced {
+				want = []string{"etcdlock.fence." + fmt.Sprintf("%x", s.Lease())}
+			}
+			if keys := leaseKeys(t, root, s.Lease()); !slices.Equal(keys, want) {
+				t.Errorf("keys on the lease: got %q, want %q", keys, want)
+			}
+			revokeAndRenew(t, root, s)
+			m := etcdlock.NewMutex(s, name)
+			if err := m.LockContext(ctx); err != nil {
+				t.Fatalf("LockContext on the renewed lease: %v", err)
+			}
+			held := s.Lease()
+			if err := s.Close(); err != nil {
+				t.Errorf("Close: got %v, want nil", err)
+			}
+			if leaseAlive(t, root, held) {
+				t.Error("the lease outlived Close")
+			}
+		})
 	}
 }
 
@@ -320,4 +349,232 @@ func TestSetLimitPermissions(t *testing.T) {
 	}
 	release(t, admitted(t, waiter))
 	release(t, holder)
+}
+
+// addUser adds to env's etcd the user user (password user+"pw") with a role
+// of its own, named after it, that has perms, and returns a client of it,
+// with opts.
+func (env authEnv) addUser(t *testing.T, user string, perms []permission, opts ...grpc.DialOption) *clientv3.Client {
+	t.Helper()
+	ctx := testContext(t)
+	steps := []func() error{
+		func() error { _, err := env.root.RoleAdd(ctx, user); return err },
+		func() error { _, err := env.root.UserAdd(ctx, user, user+"pw"); return err },
+		func() error { _, err := env.root.UserGrantRole(ctx, user, user); return err },
+	}
+	for _, p := range perms {
+		steps = append(steps, func() error {
+			_, err := env.root.RoleGrantPermission(ctx, user, p.key, p.end, p.perm)
+			return err
+		})
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("user %s, step %d: %v", user, i, err)
+		}
+	}
+	return authClient(t, env.root.Endpoints(), user, user+"pw", opts...)
+}
+
+// A latePut holds back the next Txn that puts a key under its prefix, once
+// armed: its caller gives up (its context cancelled), and the Txn reaches
+// etcd only when apply is called, as a request held up in the network or in
+// a member's queue.
+type latePut struct {
+	prefix string
+	mu     sync.Mutex
+	cancel context.CancelFunc // armed: the caller's context
+	held   func() error       // the Txn held back, to send
+}
+
+func (l *latePut) arm(cancel context.CancelFunc) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cancel = cancel
+}
+
+func (l *latePut) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	r, ok := req.(*pb.TxnRequest)
+	l.mu.Lock()
+	cancel := l.cancel
+	if ok && cancel != nil && slices.ContainsFunc(r.Success, func(op *pb.RequestOp) bool {
+		return op.GetRequestPut() != nil && strings.HasPrefix(string(op.GetRequestPut().Key), l.prefix)
+	}) {
+		l.cancel = nil
+		again := proto.Clone(r)
+		l.held = func() error {
+			ctx, stop := context.WithTimeout(context.Background(), testTimeout)
+			defer stop()
+			return invoker(ctx, method, again, new(pb.TxnResponse), cc, opts...)
+		}
+		l.mu.Unlock()
+		cancel()
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	l.mu.Unlock()
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// apply sends the Txn held back, and returns its error.
+func (l *latePut) apply(t *testing.T) error {
+	t.Helper()
+	l.mu.Lock()
+	held := l.held
+	l.held = nil
+	l.mu.Unlock()
+	if held == nil {
+		t.Fatal("no Txn was held back")
+	}
+	return held()
+}
+
+// TestLatePutWithoutFence: the one guarantee a role without the fence key
+// weakens. A put that etcd applies after its caller gave up and after its
+// cleanup ran (DESIGN: a request applied late) fails under a role that may
+// write the fence, and leaves nothing; under a role with the lock's prefix
+// alone it succeeds, and its key stays in etcd, on the Session's lease,
+// holding the lock for nobody. What the library still promises then,
+// judged in etcd: no second holder (another Session is refused the lock),
+// and the key goes with its lease: the Session's next lock of the name
+// adopts it, with the key's own token, and its unlock deletes it; a Close
+// would revoke it.
+func TestLatePutWithoutFence(t *testing.T) {
+	testflags.Parallel(t)
+	name := "perm/" + t.Name()
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	env := authServer(t, prefixPermission(name+"/", rw))
+	other := newSession(t, env.user)
+	for _, role := range []struct {
+		name  string
+		perms []permission
+		late  bool // the late put succeeds
+	}{
+		{"fenced", []permission{prefixPermission(name+"/", rw), prefixPermission("etcdlock.fence.", rw)}, false},
+		{"prefix", []permission{prefixPermission(name+"/", rw)}, true},
+	} {
+		t.Run(role.name, func(t *testing.T) {
+			late := &latePut{prefix: name + "/"}
+			s := newSession(t, env.addUser(t, role.name, role.perms, grpc.WithChainUnaryInterceptor(late.intercept)))
+			m := etcdlock.NewMutex(s, name)
+			ctx := testContext(t)
+			// The first lock learns what the role refuses.
+			if err := m.LockContext(ctx); err != nil {
+				t.Fatalf("lock: %v", err)
+			}
+			if err := m.UnlockContext(ctx); err != nil {
+				t.Fatalf("unlock: %v", err)
+			}
+			lctx, cancel := context.WithCancel(ctx)
+			late.arm(cancel)
+			if err := m.LockContext(lctx); !errors.Is(err, context.Canceled) {
+				t.Fatalf("lock given up: got %v, want context.Canceled", err)
+			}
+			if keys := lockKeys(t, env.root, name); len(keys) != 0 {
+				t.Fatalf("keys after the lock gave up: got %q, want none", keys)
+			}
+			lateErr := late.apply(t)
+			keys := lockKeys(t, env.root, name)
+			if !role.late {
+				if lateErr != nil || len(keys) != 0 {
+					t.Fatalf("the late put: got %v and keys %q, want it applied, and fenced: no key", lateErr, keys)
+				}
+				return
+			}
+			if lateErr != nil || len(keys) != 1 {
+				t.Fatalf("the late put: got %v and keys %q, want one key left", lateErr, keys)
+			}
+			q, err := etcdlock.Inspect(ctx, env.root, name)
+			if err != nil || len(q) != 1 || !q[0].Holds || q[0].Lease != s.Lease() {
+				t.Fatalf("the queue after the late put: got %+v (%v), want one holder, of the Session's lease", q, err)
+			}
+			if ok, err := etcdlock.NewMutex(other, name).TryLockFor(ctx, 0); ok || err != nil {
+				t.Fatalf("another Session's TryLock beside the key left: got %v, %v, want false, nil", ok, err)
+			}
+			if err := m.LockContext(ctx); err != nil {
+				t.Fatalf("the Session's next lock: %v", err)
+			}
+			if m.Token() != q[0].Token {
+				t.Errorf("the next lock's token: got %d, want the key left's, %d", m.Token(), q[0].Token)
+			}
+			if err := m.UnlockContext(ctx); err != nil {
+				t.Fatalf("unlock: %v", err)
+			}
+			if keys := lockKeys(t, env.root, name); len(keys) != 0 {
+				t.Errorf("keys after the unlock: got %q, want none", keys)
+			}
+			if ok, err := etcdlock.NewMutex(other, name).TryLockFor(ctx, 0); !ok || err != nil {
+				t.Errorf("another Session's TryLock after the unlock: got %v, %v, want true, nil", ok, err)
+			}
+		})
+	}
+}
+
+// TestSemaphoreWithoutLimitRecord: a role that served a Semaphore in 1.0.0
+// (read and write on name/ and the fence keys, no read of the limit record
+// etcdlock.limit.name) acquires and releases permits, and a role with read
+// on name/ alone inspects its queue (and a holder learns that one waits);
+// both count the holders with the limit
+// the Semaphore was made with, as 1.0.0 did, which is exact while no limit
+// is recorded. The weaker case, once one is (SetLimit): a Semaphore that
+// cannot read the record counts with its own limit, so that a record lower
+// than that is not kept by it (here 2 permits held under a record of 1);
+// the holders stay within its own limit, and a Semaphore that reads the
+// record waits.
+func TestSemaphoreWithoutLimitRecord(t *testing.T) {
+	testflags.Parallel(t)
+	name := "perm/" + t.Name()
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	env := authServer(t, prefixPermission(name+"/", rw), prefixPermission("etcdlock.fence.", rw))
+	reader := env.addUser(t, "reader", []permission{prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermRead))})
+	ctx := testContext(t)
+	sem := func(c *clientv3.Client) *etcdlock.Semaphore { return etcdlock.NewSemaphore(newSession(t, c), name, 2) }
+	a, err := sem(env.user).Acquire(ctx)
+	if err != nil {
+		t.Fatalf("Acquire without read on %s: %v", queue.LimitKey(name), err)
+	}
+	b, err := sem(env.user).TryAcquire(ctx, 0)
+	if err != nil {
+		t.Fatalf("TryAcquire without read on %s: %v", queue.LimitKey(name), err)
+	}
+	c := acquireInGoroutine(ctx, sem(env.user))
+	eventually(t, "the third queued", func() bool { return len(lockKeys(t, env.root, name)) == 3 })
+	if !waiting(c, 200*time.Millisecond) {
+		t.Fatal("a third permit at limit 2")
+	}
+	for _, client := range []*clientv3.Client{reader, env.root} {
+		q, err := etcdlock.Inspect(ctx, client, name)
+		if err != nil || len(q) != 3 || !q[0].Holds || !q[1].Holds || q[2].Holds {
+			t.Fatalf("Inspect: got %+v (%v), want 2 holders and a waiter", q, err)
+		}
+	}
+
+	if _, ok := closedWithin(b.Waiting(), testTimeout); !ok {
+		t.Error("Waiting of a holder with a waiter behind it: not closed")
+	}
+	// What needs the record asks for it, by name.
+	if _, err := etcdlock.ReadLimit(ctx, env.user, name); !errors.Is(err, rpctypes.ErrPermissionDenied) || !strings.Contains(err.Error(), "read on "+name+"/ and on "+queue.LimitKey(name)) {
+		t.Errorf("ReadLimit without read on the record: got %v, want permission denied naming it", err)
+	}
+	if err := etcdlock.SetLimit(ctx, env.user, name, 1); !errors.Is(err, rpctypes.ErrPermissionDenied) || !strings.Contains(err.Error(), queue.LimitKey(name)) {
+		t.Errorf("SetLimit without the record: got %v, want permission denied naming it", err)
+	}
+	if err := etcdlock.SetLimit(ctx, env.root, name, 1); err != nil {
+		t.Fatal(err)
+	}
+	release(t, a)
+	// By the record, b (kept) holds alone; c counts with its own limit.
+	third := admitted(t, c)
+	d := acquireInGoroutine(ctx, sem(env.root))
+	eventually(t, "the fourth queued", func() bool { return len(lockKeys(t, env.root, name)) == 3 })
+	if !waiting(d, 200*time.Millisecond) {
+		t.Fatal("a Semaphore that reads the record got a permit beside 2 held under a record of 1")
+	}
+	q, err := etcdlock.Inspect(ctx, env.root, name)
+	if err != nil || len(q) != 3 || !q[0].Holds || q[1].Holds || q[2].Holds {
+		t.Fatalf("Inspect by the record: got %+v (%v), want b alone holding", q, err)
+	}
+	release(t, b)
+	release(t, third)
+	release(t, admitted(t, d))
 }

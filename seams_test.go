@@ -95,11 +95,13 @@ type seam struct {
 	holder func(key string, prefix bool) bool
 	// lagFrom is the revision a lagging member serves each watch from.
 	lagFrom map[call]int64
-	// bump, if set, moves etcd's revision before the wait's watch is
-	// created, so that the watch starts after the read (the check).
-	bump func()
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// bump, if set, moves etcd's revision before the wait's watch is
+	// created, so that the watch starts after the read (the check). A
+	// watch's creation may be sent after its acquisition returned: set it
+	// with setBump.
+	bump   func()
 	phase  phase
 	counts map[call]int
 	fired  int
@@ -113,6 +115,13 @@ type seam struct {
 
 func newSeam(at call, f fault, nth int) *seam {
 	return &seam{at: at, fault: f, nth: nth, counts: make(map[call]int)}
+}
+
+// setBump sets bump (nil: none).
+func (s *seam) setBump(bump func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bump = bump
 }
 
 // enter starts phase p; counts start again from 0.
@@ -445,7 +454,10 @@ func (w *seamWatch) SendMsg(m any) error {
 	}
 	if cr.StartRevision == 0 {
 		c = callWatch
-		if bump := w.s.bump; bump != nil {
+		w.s.mu.Lock()
+		bump := w.s.bump
+		w.s.mu.Unlock()
+		if bump != nil {
 			bump()
 		}
 	}

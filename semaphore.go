@@ -37,7 +37,9 @@ type Semaphore struct {
 // NewSemaphore returns a handle on the semaphore called name with at most
 // limit permits held at once while no limit is recorded for name (SetLimit),
 // as NewMutex does. Every holder of a name must use one limit
-// (ErrLimitMismatch) while none is recorded.
+// (ErrLimitMismatch) while none is recorded. Under a role that may not read
+// the record (etcdlock.limit.NAME), it counts with limit, as 1.0.0 did,
+// whatever is recorded (docs/design.md §4).
 func NewSemaphore(s *Session, name string, limit int) *Semaphore {
 	return &Semaphore{s: s, name: name, limit: limit}
 }

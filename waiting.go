@@ -9,6 +9,7 @@ import (
 
 	"github.com/etcdlock/etcdlock/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -115,16 +116,25 @@ func (h *keyHold) readWaiters(ctx context.Context) (int64, bool, error) {
 	defer cancel()
 	names := queueNames(h.t.kind, h.t.lock, h.t.Keys())
 	// Each queue, and a permit's limit record (a lock's hold needs no
-	// permission on it).
+	// permission on it; a role that may not read it counts the holders as
+	// Inspect then does).
 	permit := h.t.kind == KindSemaphore
-	ops := make([]clientv3.Op, 0, 2*len(names))
-	for _, name := range names {
-		ops = append(ops, clientv3.OpGet(name+"/", clientv3.WithPrefix()))
-		if permit {
-			ops = append(ops, clientv3.OpGet(queue.LimitKey(name)))
+	var ops []clientv3.Op
+	read := func() (*clientv3.TxnResponse, error) {
+		ops = make([]clientv3.Op, 0, 2*len(names))
+		for _, name := range names {
+			ops = append(ops, clientv3.OpGet(name+"/", clientv3.WithPrefix()))
+			if permit {
+				ops = append(ops, clientv3.OpGet(queue.LimitKey(name)))
+			}
 		}
+		return h.t.s.client.Txn(ctx).Then(ops...).Commit()
 	}
-	resp, err := h.t.s.client.Txn(ctx).Then(ops...).Commit()
+	resp, err := read()
+	if permit && errors.Is(err, rpctypes.ErrPermissionDenied) {
+		permit = false
+		resp, err = read()
+	}
 	switch {
 	case err != nil:
 		return 0, false, err

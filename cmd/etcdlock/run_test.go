@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/etcdlock/etcdlock"
@@ -613,6 +614,74 @@ func TestAuth(t *testing.T) {
 				t.Errorf("output shows the password:\n%s%s", r.stdout, r.stderr)
 			}
 		})
+	}
+}
+
+// TestAuthLockRole: under a role with read and write on the lock's prefix
+// alone (what etcdctl lock needs), run holds and releases, leaving no key;
+// under a role with read on it alone, holders lists a Semaphore's queue
+// (without its limit record, as 1.0.0 needed).
+func TestAuthLockRole(t *testing.T) {
+	testflags.Parallel(t)
+	if os.Getenv(etcdtest.EnvEndpoints) != "" {
+		t.Skip("turns etcd's auth on: needs an etcd of its own, not the one ETCDTEST_ENDPOINTS shares")
+	}
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	name := lockName(t)
+	ctx, cancel := context.WithTimeout(t.Context(), opTimeout)
+	defer cancel()
+	s, err := etcdlock.NewSession(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, err := etcdlock.NewSemaphore(s, name+"-sem", 2).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(ctx)
+	rw, read := clientv3.PermissionType(clientv3.PermReadWrite), clientv3.PermissionType(clientv3.PermRead)
+	steps := []func() error{
+		func() error { _, err := cli.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+	}
+	for _, u := range []struct {
+		user, pfx string
+		perm      clientv3.PermissionType
+	}{{"locker", name + "/", rw}, {"reader", name + "-sem/", read}} {
+		steps = append(steps,
+			func() error { _, err := cli.RoleAdd(ctx, u.user); return err },
+			func() error { _, err := cli.UserAdd(ctx, u.user, u.user+"pw"); return err },
+			func() error { _, err := cli.UserGrantRole(ctx, u.user, u.user); return err },
+			func() error {
+				_, err := cli.RoleGrantPermission(ctx, u.user, u.pfx, clientv3.GetPrefixRangeEnd(u.pfx), u.perm)
+				return err
+			})
+	}
+	steps = append(steps, func() error { _, err := cli.AuthEnable(ctx); return err })
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("auth setup, step %d: %v", i, err)
+		}
+	}
+	ep := srv.Endpoints()[0]
+	runCLI(t, nil, "run", "--endpoints", ep, "--user", "locker:lockerpw", "--dial-timeout", "20s", name, "--", "true").want(t, 0)
+	r := runCLI(t, nil, "holders", "--endpoints", ep, "--user", "reader:readerpw", "--dial-timeout", "20s", name+"-sem")
+	r.want(t, 0)
+	if !strings.Contains(r.stdout, p.Key()) {
+		t.Errorf("holders of the Semaphore: got %q, want its holder %s", r.stdout, p.Key())
+	}
+	root, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints(), Username: "root", Password: "rootpw", DialTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if keys := lockKeys(t, root, name); len(keys) != 0 {
+		t.Errorf("keys after run: got %q, want none", keys)
+	}
+	if _, err := root.AuthDisable(ctx); err != nil {
+		t.Errorf("auth disable: %v", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"math"
 	"slices"
 
@@ -81,9 +82,12 @@ func (r *Rule) placeNew(key string, replies []*pb.ResponseOp, rev int64) (place,
 		}
 	}
 	if r.limit > 0 {
-		rec, err := recordIn(replies, 1)
-		if err != nil {
-			return place{}, err
+		var rec *mvccpb.KeyValue
+		if r.recorded() {
+			var err error
+			if rec, err = recordIn(replies, 1); err != nil {
+				return place{}, err
+			}
 		}
 		return r.count(kvs, rec, rev, rev)
 	}
@@ -125,16 +129,18 @@ func (r *Rule) placeOlder(replies []*pb.ResponseOp, rev, seen int64, full bool) 
 	switch {
 	case r.limit > 0:
 		// Every older key, the key behind ours (none for a key put now),
-		// the limit record.
-		if len(replies) < 2 {
-			return place{}, ErrMalformed
-		}
-		rec, err := recordIn(replies, len(replies)-1)
-		if err != nil {
-			return place{}, err
+		// the limit record (none for a bare rule).
+		n := len(replies)
+		var rec *mvccpb.KeyValue
+		if r.recorded() {
+			var err error
+			if rec, err = recordIn(replies, n-1); n < 2 || err != nil {
+				return place{}, cmp.Or(err, ErrMalformed)
+			}
+			n--
 		}
 		p, err := r.count(older, rec, rev, seen)
-		p.next = len(replies) > 2 && len(replies[1].GetResponseRange().Kvs) > 0
+		p.next = n > 1 && len(replies[1].GetResponseRange().Kvs) > 0
 		if p.turn != nil {
 			p.turn.next = p.next
 		}

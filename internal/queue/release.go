@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -80,10 +81,27 @@ func (t *Ticket) Delete(ctx context.Context) (bool, error) {
 // fence ends an unsure put: it writes the fence, so that no put of the lease
 // sent before can be applied any more, and reads our keys at that revision.
 // It reports whether a key was found: the ticket is then put, at that key's
-// create revision; else absent.
+// create revision; else absent. Where etcd refuses the fence to the role,
+// it reads our keys alone, as concurrency.Mutex's cleanup does, and the
+// lease goes without the fence from then on (role.go): a put applied after
+// that read is not stopped.
 func (t *Ticket) fence(ctx context.Context) (bool, error) {
+	fenced := !t.c.fenceOff.Load()
+	found, err := t.settle(ctx, fenced)
+	if !fenced || !errors.Is(err, rpctypes.ErrPermissionDenied) || !t.fenceRefused(ctx) {
+		return found, err
+	}
+	t.c.fenceOff.Store(true)
+	return t.settle(ctx, false)
+}
+
+// settle is fence's Txn: fenced, it writes the fence; in any case it reads
+// our keys, and sets what the ticket knows of them.
+func (t *Ticket) settle(ctx context.Context, fenced bool) (bool, error) {
 	ops := make([]clientv3.Op, 0, 1+len(t.group))
-	ops = append(ops, clientv3.OpPut(t.c.FenceKey, "", clientv3.WithLease(t.c.Lease.ID())))
+	if fenced {
+		ops = append(ops, clientv3.OpPut(t.c.FenceKey, "", clientv3.WithLease(t.c.Lease.ID())))
+	}
 	for _, m := range t.group {
 		ops = append(ops, clientv3.OpGet(m.key, clientv3.WithKeysOnly()))
 	}
@@ -99,9 +117,18 @@ func (t *Ticket) fence(ctx context.Context) (bool, error) {
 	case resp == nil || resp.Header == nil || len(resp.Responses) != len(ops):
 		return false, ErrMalformed
 	}
-	t.c.fenceSeen(resp.Header.Revision)
+	if fenced {
+		t.c.fenceSeen(resp.Header.Revision)
+	}
+	return t.found(resp.Responses[len(ops)-len(t.group):])
+}
+
+// found reads the replies of the reads of our keys (a group's, in order)
+// that end an unsure put: the ticket is then put at the create revision of
+// the key found, or absent.
+func (t *Ticket) found(replies []*pb.ResponseOp) (bool, error) {
 	var rev int64
-	for _, reply := range resp.Responses[1:] {
+	for _, reply := range replies {
 		r := reply.GetResponseRange()
 		if r == nil || len(r.Kvs) > 1 {
 			return false, ErrMalformed

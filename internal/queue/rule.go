@@ -31,8 +31,15 @@ type Rule struct {
 	limit int
 	// weight is how many permits our key takes (a semaphore's).
 	weight int
-	// limitKey is the key of a semaphore's limit record; "" for a lock.
+	// limitKey is the key of a semaphore's limit record; "" for a lock,
+	// and for a semaphore's bare rule.
 	limitKey string
+	// bare is a semaphore's rule without its limit record, for a role that
+	// may not read it (role.go); recordOff: etcd refused the record to the
+	// role, so that tickets take bare.
+	bare       *Rule
+	recordOff  atomic.Bool
+	recordRead readAt // the role was last found to read the record
 	// accept returns the error, never nil, of an older key's value that is
 	// no permit's, or that carries another limit while no record says the
 	// limit (a semaphore's); nil for a lock, whose reads bring no values.
@@ -66,13 +73,27 @@ func Lock(blocking string, prefixes ...string) *Rule {
 // record says the limit; it ends the acquisition.
 func Semaphore(name string, limit, weight int, accept func(value []byte) error) *Rule {
 	pfx := name + "/"
-	return &Rule{blocking: pfx, limit: limit, weight: weight, limitKey: LimitKey(name), accept: accept,
-		member: func(key []byte) bool { return IsMember(pfx, key) }}
+	member := func(key []byte) bool { return IsMember(pfx, key) }
+	bare := &Rule{blocking: pfx, limit: limit, weight: weight, accept: accept, member: member}
+	return &Rule{blocking: pfx, limit: limit, weight: weight, limitKey: LimitKey(name), accept: accept, member: member, bare: bare}
 }
 
 // PrefixOf returns the prefix of the queue key is in: key up to its last
 // "/", included.
 func PrefixOf(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
+
+// use returns the rule a new ticket takes: r, or its bare rule once etcd
+// refused r's limit record to the role.
+func (r *Rule) use() *Rule {
+	if r.recordOff.Load() {
+		return r.bare
+	}
+	return r
+}
+
+// recorded reports whether the rule reads a limit record: a semaphore's,
+// but for its bare rule.
+func (r *Rule) recorded() bool { return r.limitKey != "" }
 
 // IsMember reports whether key is a waiter's or holder's key of the lock
 // with prefix pfx, and not a key of a lock nested under it (D11): a name
@@ -106,9 +127,9 @@ func (r *Rule) oldest() []clientv3.Op {
 }
 
 // every returns the Ops that read every key of the queue, oldest first,
-// and a semaphore's limit record.
+// and a semaphore's limit record (but for a bare rule).
 func (r *Rule) every() []clientv3.Op {
-	if r.limit > 0 {
+	if r.recorded() {
 		return append(r.all(0), r.record())
 	}
 	return r.all(0)
@@ -123,7 +144,7 @@ func (r *Rule) record() clientv3.Op { return clientv3.OpGet(r.limitKey) }
 // only ever free a place.
 func (r *Rule) unchangedSince(seen int64) []clientv3.Cmp {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.blocking), "<", seen+1).WithPrefix()}
-	if r.limit > 0 {
+	if r.recorded() {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(r.limitKey), "<", seen+1))
 	}
 	return cmps
@@ -150,12 +171,17 @@ func (r *Rule) allOptions(rev int64) []clientv3.OpOption {
 
 // older returns the Ops that read what blocks the key at rev: for a lock,
 // the two newest older keys (or, if full, every older key, to skip nested
-// keys); for a semaphore, every older key, and the key behind ours, if any.
+// keys); for a semaphore, every older key, the key behind ours, if any, and
+// the limit record (but for a bare rule).
 func (r *Rule) older(rev int64, full bool) []clientv3.Op {
 	switch {
 	case r.limit > 0:
-		return append(r.all(rev), clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-			clientv3.WithMinCreateRev(rev+1), clientv3.WithLimit(1)), r.record())
+		ops := append(r.all(rev), clientv3.OpGet(r.blocking, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithMinCreateRev(rev+1), clientv3.WithLimit(1)))
+		if r.recorded() {
+			ops = append(ops, r.record())
+		}
+		return ops
 	case full:
 		return r.all(rev)
 	}

@@ -80,10 +80,14 @@ type Conn struct {
 	// no "/", so it lies under no lock's prefix). Every Txn that may put a
 	// key of a ticket requires the fence unchanged since the ticket last
 	// read it; the delete of an unsure put writes it first, so that a put
-	// applied after that delete fails, whichever ticket sent it.
+	// applied after that delete fails, whichever ticket sent it. Where
+	// etcd's authentication refuses it, the lease's tickets go without it
+	// (role.go).
 	FenceKey string
 
-	fenceRev atomic.Int64 // the fence's mod revision, as last seen; 0 while it is absent
+	fenceRev  atomic.Int64 // the fence's mod revision, as last seen; 0 while it is absent
+	fenceOff  atomic.Bool  // etcd refused the fence to the client's role: go without it
+	fenceRead readAt       // the role was last found to read the fence (role.go)
 }
 
 // fenceSeen records the fence's mod revision as a reply of etcd gave it. A
@@ -165,7 +169,7 @@ const (
 // NewTicket returns a ticket for key, with value, in the queue of rule r.
 // Until the ticket ends, no other ticket of the lease may use key.
 func NewTicket(c *Conn, r *Rule, key, value string) *Ticket {
-	t := &Ticket{c: c, rule: r, key: key, value: value, known: &known{}}
+	t := &Ticket{c: c, rule: r.use(), key: key, value: value, known: &known{}}
 	t.group = []*Ticket{t}
 	return t
 }
@@ -186,7 +190,7 @@ type Slot struct {
 func NewGroup(c *Conn, slots ...Slot) *Ticket {
 	k := &known{group: make([]*Ticket, len(slots))}
 	for i, sl := range slots {
-		k.group[i] = &Ticket{c: c, rule: sl.Rule, key: sl.Key, value: sl.Value, known: k}
+		k.group[i] = &Ticket{c: c, rule: sl.Rule.use(), key: sl.Key, value: sl.Value, known: k}
 	}
 	return k.group[0]
 }
@@ -194,7 +198,7 @@ func NewGroup(c *Conn, slots ...Slot) *Ticket {
 // Held returns a ticket for key, known to be in etcd with create revision
 // rev: its delete is fenced on rev.
 func Held(c *Conn, r *Rule, key string, rev int64) *Ticket {
-	t := &Ticket{c: c, rule: r, key: key, known: &known{state: keyPut, rev: rev}}
+	t := &Ticket{c: c, rule: r.use(), key: key, known: &known{state: keyPut, rev: rev}}
 	t.group = []*Ticket{t}
 	return t
 }
@@ -385,9 +389,10 @@ func (t *Ticket) Ours() []clientv3.Cmp {
 }
 
 // enqueueOps returns what every Txn that may put our keys carries: the
-// compares that each key is absent, and that the fence is at fence; and the
-// Ops that put every key and then read the newest keys of each queue.
-func (t *Ticket) enqueueOps(fence int64) ([]clientv3.Cmp, []clientv3.Op) {
+// compares that each key is absent, and, fenced, that the fence is at
+// fence; and the Ops that put every key and then read the newest keys of
+// each queue.
+func (t *Ticket) enqueueOps(fence int64, fenced bool) ([]clientv3.Cmp, []clientv3.Op) {
 	cmps := make([]clientv3.Cmp, 0, len(t.group)+1)
 	ops := make([]clientv3.Op, 0, 2*len(t.group))
 	var reads []clientv3.Op
@@ -396,7 +401,10 @@ func (t *Ticket) enqueueOps(fence int64) ([]clientv3.Cmp, []clientv3.Op) {
 		ops = append(ops, m.put())
 		reads = append(reads, m.rule.newest()...)
 	}
-	return append(cmps, t.c.unfenced(fence)), append(ops, reads...)
+	if fenced {
+		cmps = append(cmps, t.c.unfenced(fence))
+	}
+	return cmps, append(ops, reads...)
 }
 
 // enqueue puts our keys, if none is there, and reads their places, in one
@@ -409,25 +417,30 @@ func (t *Ticket) enqueue(ctx context.Context) ([]place, error) {
 	// a cleanup sent while the Txn is still in flight could be applied first.
 	rctx, cancel := graceContext(ctx, replyGrace)
 	defer cancel()
-	mine := make([]clientv3.Op, len(t.group), len(t.group)+1)
-	for i, m := range t.group {
-		mine[i] = clientv3.OpGet(m.key)
-	}
-	mine = append(mine, t.c.readFence())
 	var ps []place
 	for moved := true; moved; {
-		fence := t.c.fenceRev.Load()
+		fence, fenced := t.c.fenceRev.Load(), !t.c.fenceOff.Load()
+		mine := make([]clientv3.Op, len(t.group), len(t.group)+1)
+		for i, m := range t.group {
+			mine[i] = clientv3.OpGet(m.key)
+		}
+		if fenced {
+			mine = append(mine, t.c.readFence())
+		}
 		t.sent()
-		cmps, ops := t.enqueueOps(fence)
+		cmps, ops := t.enqueueOps(fence, fenced)
 		resp, err := t.c.KV.Txn(rctx).If(cmps...).Then(ops...).Else(mine...).Commit()
 		if err != nil {
 			// D3: the Txn may have been applied though the reply was
 			// lost, or may be applied later: the keys stay unsure, unless
 			// etcd refused it.
 			t.unsent(err)
+			if t.state == keyAbsent && t.narrow(rctx, err, fenced) {
+				continue // refused, so not applied: send it again without
+			}
 			return nil, err
 		}
-		if ps, moved, err = t.placed(resp, fence); err != nil {
+		if ps, moved, err = t.placed(resp, fence, fenced); err != nil {
 			return nil, err
 		}
 	}
@@ -466,33 +479,42 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 	// the limit (limit.go).
 	var unchanged []clientv3.Cmp
 	readFirst := false
-	var blockers []clientv3.Op
 	for _, m := range t.group {
 		unchanged = append(unchanged, clientv3.Compare(clientv3.CreateRevision(m.rule.blocking), "=", 0).WithPrefix())
 		readFirst = readFirst || m.rule.busy.Load()
-		blockers = append(blockers, m.blockers()...)
 	}
-	blockers = append(blockers, t.c.readFence())
 	for ; ; readFirst = false {
 		txn := t.c.KV.Txn(rctx)
-		fence := t.c.fenceRev.Load()
+		fence, fenced := t.c.fenceRev.Load(), !t.c.fenceOff.Load()
+		var blockers []clientv3.Op
+		for _, m := range t.group {
+			blockers = append(blockers, m.blockers()...)
+		}
+		if fenced {
+			blockers = append(blockers, t.c.readFence())
+		}
 		if readFirst {
 			txn = txn.Then(blockers...)
 		} else {
 			t.sent()
-			cmps, ops := t.enqueueOps(fence)
+			cmps, ops := t.enqueueOps(fence, fenced)
 			txn = txn.If(append(slices.Clone(unchanged), cmps...)...).Then(ops...).Else(blockers...)
 		}
 		resp, err := txn.Commit()
 		if err != nil {
 			t.unsent(err)
+			if t.state == keyAbsent && t.narrow(rctx, err, fenced) {
+				// Refused, so not applied: try again, from the start,
+				// without what the role may not read.
+				return t.try(ctx)
+			}
 			return nil, err
 		}
 		if resp == nil || resp.Header == nil {
 			return nil, ErrMalformed
 		}
 		if resp.Succeeded && !readFirst {
-			ps, _, err := t.placed(resp, fence)
+			ps, _, err := t.placed(resp, fence, fenced)
 			for i, m := range t.group {
 				if err == nil && ps[i].verdict == unread {
 					ps[i], err = m.read(ctx)
@@ -506,13 +528,15 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 		if len(resp.Responses) != len(blockers) {
 			return nil, ErrMalformed
 		}
-		moved, err := t.c.fenceMoved(resp.Responses[len(blockers)-1], fence)
-		switch {
-		case err != nil:
-			return nil, err
-		case moved && !readFirst:
-			// A delete of an unsure put fenced our Txn: try again.
-			continue
+		if fenced {
+			moved, err := t.c.fenceMoved(resp.Responses[len(blockers)-1], fence)
+			switch {
+			case err != nil:
+				return nil, err
+			case moved && !readFirst:
+				// A delete of an unsure put fenced our Txn: try again.
+				continue
+			}
 		}
 		ps := make([]place, len(t.group))
 		free := true
@@ -565,22 +589,27 @@ func (t *Ticket) blocked(ctx context.Context, replies []*pb.ResponseOp, seen int
 }
 
 // placed reads the reply of a Txn that put our keys if they were absent and
-// the fence at fence, and then read the rules' newest keys, or else read our
-// keys and the fence: a place per key, or moved when the fence had moved
+// (fenced) the fence at fence, and then read the rules' newest keys, or else
+// read our keys and (fenced) the fence: a place per key, or moved when the
+// fence had moved
 // (nothing was put: send again). It sets the keys' rev. A place is unread
 // when the reply could not tell it.
-func (t *Ticket) placed(resp *clientv3.TxnResponse, fence int64) (ps []place, moved bool, err error) {
+func (t *Ticket) placed(resp *clientv3.TxnResponse, fence int64, fenced bool) (ps []place, moved bool, err error) {
 	if resp == nil || resp.Header == nil || resp.Header.Revision <= 0 {
 		return nil, false, ErrMalformed
 	}
 	ps = make([]place, len(t.group))
 	if !resp.Succeeded {
-		if len(resp.Responses) != len(t.group)+1 {
+		if fenced {
+			if len(resp.Responses) != len(t.group)+1 {
+				return nil, false, ErrMalformed
+			}
+			if moved, err := t.c.fenceMoved(resp.Responses[len(t.group)], fence); err != nil || moved {
+				t.set(keyAbsent, 0)
+				return nil, moved, err
+			}
+		} else if len(resp.Responses) != len(t.group) {
 			return nil, false, ErrMalformed
-		}
-		if moved, err := t.c.fenceMoved(resp.Responses[len(t.group)], fence); err != nil || moved {
-			t.set(keyAbsent, 0)
-			return nil, moved, err
 		}
 		// Our keys were already there: left by an earlier process with this
 		// lease (WithLease). Adopt them, as concurrency.Mutex does; a

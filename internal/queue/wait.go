@@ -67,7 +67,7 @@ func (t *Ticket) wait(ctx context.Context, p place, early *watching) (place, err
 		recordBroken := false
 		recordTimer := time.NewTimer(ownWatchDelay)
 		recordAfter := recordTimer.C
-		if p.turn == nil {
+		if p.turn == nil || !t.rule.recorded() {
 			recordTimer.Stop()
 			recordAfter = nil
 		}
