@@ -602,7 +602,9 @@ func TestWaitWatchKeepsFailing(t *testing.T) {
 			w := &failingWatches{fails: func(key string, from int64) bool { return tc.fails(strings.TrimPrefix(key, prefix), name, from) }}
 			wc := serverClient(t, srv, nil, w.intercept)
 			waiter := lockInGoroutine(t, ctx, famLocker{tc.holder(newSession(t, wc, etcdlock.WithTTL(ttl)), name)})
-			time.Sleep(3 * time.Second)
+			// Four watches take 100 + 200 + 400 ms of pauses at the
+			// least; on a loaded machine, each read and watch longer.
+			eventually(t, "four failing watches", func() bool { return len(w.times()) >= 4 })
 			if err := holder.Unlock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -614,9 +616,6 @@ func TestWaitWatchKeepsFailing(t *testing.T) {
 			}
 			at := w.times()
 			t.Logf("failing watches asked for at %v", at)
-			if len(at) < 4 {
-				t.Fatalf("failing watches: got %d in 3 s, want at least 4", len(at))
-			}
 			for i := 1; i < 4; i++ {
 				// The pause before the i-th watch, less the slack of a timer.
 				want := min(100*time.Millisecond<<(i-1), ttl) * 9 / 10
