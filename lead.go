@@ -23,7 +23,8 @@ import (
 // releases the lock and panics again. It closes its Session (made with opts,
 // WithRenewal) on every way out, and refuses WithLease and WithContext
 // (ErrInvalidArgument): end ctx instead. Failures are retried with backoff,
-// and reported to the observers. WithWatchdog, an f that reports no progress
+// and reported to the observers; a request etcd refuses (permission
+// denied) is no passing failure: Lead returns it at once. WithWatchdog, an f that reports no progress
 // gives up the lead: Lead campaigns again once f returns, and returns
 // ErrStalled where f did not return in time and the Session was closed.
 //
@@ -117,8 +118,8 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !o.ran && !s.lockable(o.err):
-			return o.err
+		case !o.ran && (!s.lockable(o.err) || !retryable(o.err)):
+			return o.err // refused by etcd: applied nowhere, nothing to wait for
 		case t.claimErr != nil && !retryable(t.claimErr):
 			return t.claimErr // refused by etcd: permission denied, say
 		case !o.ran || t.claimErr != nil:
