@@ -6,6 +6,8 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,5 +55,88 @@ func TestLeadRefused(t *testing.T) {
 	}
 	if keys := leaseKeys(t, env.root, s.Lease()); len(keys) != 0 {
 		t.Errorf("keys on the Session's lease after the refused Leads: got %q, want none", keys)
+	}
+}
+
+// TestLeadRole100: under 1.0.0's role for a lock (read and write on name/
+// and on etcdlock.fence., nothing else), Lead leads as in 1.0.0: its f
+// runs, one at a time, each candidate in turn as the last leader's f ends,
+// and nothing is left once they stop. Its records refused, a term is not
+// counted (TermFrom false, TermStarted's Err names both records' keys), and
+// no hand-over is honoured; HandOver, the feature that writes a record, is
+// refused: Lead releases and returns etcd's refusal naming the record's
+// key, and the next candidate leads.
+func TestLeadRole100(t *testing.T) {
+	testflags.Parallel(t)
+	name := "perm/" + t.Name()
+	rw := clientv3.PermissionType(clientv3.PermReadWrite)
+	env := authServer(t, prefixPermission(name+"/", rw), prefixPermission("etcdlock.fence.", rw))
+	ctx := testContext(t)
+	record, term := recordKeys(name)
+	type run struct {
+		who     string
+		counted bool
+	}
+	var (
+		mu      sync.Mutex
+		running string
+	)
+	started := make(chan run, 16)
+	ends := map[string]chan error{"a": make(chan error, 1), "b": make(chan error, 1)}
+	f := func(who string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			mu.Lock()
+			if running != "" {
+				t.Errorf("%s's f runs while %s's still runs", who, running)
+			}
+			running = who
+			mu.Unlock()
+			_, counted := etcdlock.TermFrom(ctx)
+			started <- run{who, counted}
+			var err error
+			select {
+			case <-ctx.Done():
+			case err = <-ends[who]:
+			}
+			mu.Lock()
+			running = ""
+			mu.Unlock()
+			return err
+		}
+	}
+	next := func() run {
+		t.Helper()
+		select {
+		case r := <-started:
+			return r
+		case <-time.After(testTimeout):
+			t.Fatalf("no term began within %v", testTimeout)
+		}
+		return run{}
+	}
+	var log eventLog
+	a := campaign(ctx, env.user, name, f("a"), etcdlock.WithIdentity("a"), etcdlock.WithObserver(&log))
+	if r := next(); r.who != "a" || r.counted {
+		t.Errorf("the first term: got %+v, want a's, not counted", r)
+	}
+	e := log.wait(t, "a's TermStarted", func(e etcdlock.Event) bool { return e.Kind == etcdlock.TermStarted })
+	if e.Term != 0 || !errors.Is(e.Err, rpctypes.ErrPermissionDenied) ||
+		!strings.Contains(e.Err.Error(), record) || !strings.Contains(e.Err.Error(), term) {
+		t.Errorf("TermStarted under the role: got Term %d, Err %v; want 0 and permission denied naming %s and %s", e.Term, e.Err, term, record)
+	}
+	b := campaign(ctx, env.user, name, f("b"), etcdlock.WithIdentity("b"))
+	queued(t, env.root, name, 2)
+	ends["a"] <- etcdlock.HandOver("b")
+	if err := waitErr(t, a.result); !errors.Is(err, rpctypes.ErrPermissionDenied) || !strings.Contains(err.Error(), record) {
+		t.Errorf("Lead whose f handed over under the role: got %v, want permission denied naming %s", err, record)
+	}
+	if r := next(); r.who != "b" || r.counted {
+		t.Errorf("after a's refused hand-over: got %+v, want b's term, not counted", r)
+	}
+	if err := b.stop(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("b stopped: got %v, want context.Canceled", err)
+	}
+	if keys := allKeys(t, env.root); len(keys) != 0 {
+		t.Errorf("keys once a and b stopped: got %v, want none", keys)
 	}
 }
