@@ -316,10 +316,9 @@ func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) 
 		termCtx = context.WithValue(fctx, termKey{}, c.Term)
 	}
 	termCtx, endTerm := context.WithCancel(termCtx)
-	stopKeep := t.keepCount(termCtx, c.Lease)
+	defer t.keepCount(termCtx, c.Lease)() // stopped however f ends, panics too
 	err = f(termCtx)
 	endTerm()
-	stopKeep()
 	if !errors.As(err, &t.end) {
 		return err
 	}
