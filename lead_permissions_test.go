@@ -6,6 +6,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdlock/etcdlock"
+	"github.com/etcdlock/etcdlock/internal/syncbuf"
 	"github.com/etcdlock/etcdlock/internal/testflags"
 )
 
@@ -115,7 +117,9 @@ func TestLeadRole100(t *testing.T) {
 		return run{}
 	}
 	var log eventLog
-	a := campaign(ctx, env.user, name, f("a"), etcdlock.WithIdentity("a"), etcdlock.WithObserver(&log))
+	var logged syncbuf.Buffer
+	a := campaign(ctx, env.user, name, f("a"), etcdlock.WithIdentity("a"), etcdlock.WithObserver(&log),
+		etcdlock.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
 	if r := next(); r.who != "a" || r.counted {
 		t.Errorf("the first term: got %+v, want a's, not counted", r)
 	}
@@ -123,6 +127,9 @@ func TestLeadRole100(t *testing.T) {
 	if e.Term != 0 || !errors.Is(e.Err, rpctypes.ErrPermissionDenied) ||
 		!strings.Contains(e.Err.Error(), record) || !strings.Contains(e.Err.Error(), term) {
 		t.Errorf("TermStarted under the role: got Term %d, Err %v; want 0 and permission denied naming %s and %s", e.Term, e.Err, term, record)
+	}
+	if out := logged.String(); !strings.Contains(out, "level=WARN msg=\"etcdlock: leading, uncounted\"") || !strings.Contains(out, "permission denied") {
+		t.Errorf("the log of a's term: got %q, want a warning that it leads uncounted, with etcd's refusal", out)
 	}
 	b := campaign(ctx, env.user, name, f("b"), etcdlock.WithIdentity("b"))
 	queued(t, env.root, name, 2)
