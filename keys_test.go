@@ -220,29 +220,45 @@ func TestKeyTable(t *testing.T) {
 			}
 		}, 1},
 		{"Lead, handing over", func(t *testing.T, ctx context.Context, e *keyEnv, name string) {
+			// a leads; a Mutex m and b queue behind it; a hands over to b.
+			// m takes its turn (a Mutex ignores the record), and while it
+			// holds, the record stands; b leads once m releases.
 			lctx, cancel := context.WithCancel(ctx)
 			a := e.session(t, etcdlock.WithIdentity("a"))
 			b := e.session(t, etcdlock.WithIdentity("b"))
 			aLed := make(chan struct{})
-			done := make(chan error, 1)
+			aDone := make(chan error, 1)
 			go func() {
-				done <- a.Lead(lctx, name, func(ctx context.Context) error {
+				aDone <- a.Lead(lctx, name, func(ctx context.Context) error {
 					close(aLed)
-					eventually(t, "b queued", func() bool { return len(lockKeys(t, e.client, name)) == 2 })
+					// Not eventually: this is not the test's goroutine.
+					if err := waitUntil(ctx, func() bool { return len(lockKeys(t, e.client, name)) == 3 }); err != nil {
+						return err
+					}
 					return etcdlock.HandOver("b")
 				})
 			}()
 			<-aLed
-			err := b.Lead(lctx, name, func(context.Context) error {
-				e.check(t, "b leading, handed over to", name)
-				cancel()
-				return nil
-			})
-			if err != context.Canceled {
-				t.Fatalf("b's Lead: got %v, want context.Canceled", err)
+			m := lockInGoroutine(t, ctx, ours{etcdlock.NewMutex(e.session(t), name)})
+			eventually(t, "m queued", func() bool { return len(lockKeys(t, e.client, name)) == 2 })
+			bDone := make(chan error, 1)
+			go func() {
+				bDone <- b.Lead(lctx, name, func(context.Context) error {
+					e.check(t, "b leading, handed over to", name)
+					cancel()
+					return nil
+				})
+			}()
+			must(t, waitErr(t, m.locked))
+			keys := e.check(t, "m holding, the hand-over's record standing", name)
+			if !slices.ContainsFunc(keys, func(k etcdKey) bool { return strings.HasPrefix(k.key, "etcdlock.handover.") && k.lease == b.Lease() }) {
+				t.Errorf("keys while m holds: got %v, want the hand-over's record on b's lease %x", keys, b.Lease())
 			}
-			if err := <-done; err != context.Canceled {
-				t.Fatalf("a's Lead: got %v, want context.Canceled", err)
+			must(t, m.Release())
+			for who, done := range map[string]chan error{"a": aDone, "b": bDone} {
+				if err := waitErr(t, done); err != context.Canceled {
+					t.Fatalf("%s's Lead: got %v, want context.Canceled", who, err)
+				}
 			}
 		}, 1},
 		{"SetLimit", func(t *testing.T, ctx context.Context, e *keyEnv, name string) {
