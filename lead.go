@@ -333,11 +333,11 @@ func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) 
 	return nil
 }
 
-// keepCount keeps the term count's lease alive while ctx lasts, from now
-// and every handover.KeepAliveEvery, so that the count lasts while a
-// leader leads; the returned func stops it and waits. A keep-alive that
-// fails is tried again at the next tick: a count whose lease ends starts
-// again at 1.
+// keepCount keeps the term count's lease alive while ctx lasts: now, and
+// then every third of the TTL the lease was granted (5 min for the
+// count's own, handover.CountTTL), so that the count lasts while a leader
+// leads; the returned func stops it and waits. A keep-alive that fails is
+// tried again a third later: a count whose lease ends starts again at 1.
 func (t *leadTerm) keepCount(ctx context.Context, lease clientv3.LeaseID) (stop func()) {
 	if lease == clientv3.NoLease {
 		return func() {}
@@ -346,11 +346,18 @@ func (t *leadTerm) keepCount(ctx context.Context, lease clientv3.LeaseID) (stop 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		every := handover.CountTTL / 3
 		for {
 			kctx, kcancel := context.WithTimeout(ctx, recordCallTimeout)
-			_, err := t.s.Client().KeepAliveOnce(kctx, lease)
+			resp, err := t.s.Client().KeepAliveOnce(kctx, lease)
 			kcancel()
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) || sleep(ctx, handover.KeepAliveEvery) != nil {
+			switch {
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				return
+			case err == nil && resp.TTL > 0:
+				every = time.Duration(resp.TTL) * time.Second / 3
+			}
+			if sleep(ctx, every) != nil {
 				return
 			}
 		}

@@ -702,3 +702,38 @@ func TestHandOverWatchdog(t *testing.T) {
 		t.Errorf("the fault fired %d times, want once", sm.fires())
 	}
 }
+
+// TestTermCountKeptAlive: the leader keeps the count's lease alive while
+// its term lasts, every third of the lease's TTL: a count on a lease of
+// 3 s (put by hand) outlives a term of 7 s, on the same lease, and ends
+// within the TTL once no leader keeps it.
+func TestTermCountKeptAlive(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	_, termKey := recordKeys(name)
+	const ttl = 3 * time.Second
+	g, err := client.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Put(ctx, termKey, "by hand", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	d := newDuties(t, client, name)
+	a := leadAs(ctx, client, name, "a", d)
+	if r := d.next(); r.term != 2 || r.etcdTerm != 2 {
+		t.Fatalf("the term after the count put by hand: got %+v, want 2", r)
+	}
+	time.Sleep(ttl*2 + ttl/3)
+	resp, err := client.Get(ctx, termKey)
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Version != 2 || clientv3.LeaseID(resp.Kvs[0].Lease) != g.ID {
+		t.Fatalf("the count after a term of %v, its lease of %v: got %v, %v; want Version 2 on lease %x", ttl*2+ttl/3, ttl, resp, err, g.ID)
+	}
+	_ = a.stop(t)
+	eventually(t, "the count gone with its lease", func() bool {
+		resp, err := client.Get(ctx, termKey)
+		return err == nil && len(resp.Kvs) == 0
+	})
+}

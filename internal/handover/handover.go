@@ -29,14 +29,11 @@ const (
 	TermPrefix   = "etcdlock.term."
 )
 
-// CountTTL is the TTL of the term count's lease. The leader keeps the
-// lease alive while its term lasts, every CountTTL/3 (KeepAliveEvery), so
+// CountTTL is the TTL of the lease Claim grants the term count. The leader
+// keeps the lease alive while its term lasts, every third of its TTL, so
 // the count ends between 2/3 of CountTTL and CountTTL after the last term
 // of its name ended.
-const (
-	CountTTL       = 15 * time.Minute
-	KeepAliveEvery = CountTTL / 3
-)
+const CountTTL = 15 * time.Minute
 
 // RecordKey returns the key of the hand-over record of the lock name:
 // etcdlock.handover.<name>. It lives on the lease of the candidate it
