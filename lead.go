@@ -22,11 +22,12 @@ import (
 // or f's error when f fails for another reason than a loss. If f panics, it
 // releases the lock and panics again. It closes its Session (made with opts,
 // WithRenewal) on every way out, and refuses WithLease and WithContext
-// (ErrInvalidArgument): end ctx instead. Failures are retried with backoff,
-// and reported to the observers; a request etcd refuses (permission
-// denied) is no passing failure: Lead returns it at once. WithWatchdog, an f that reports no progress
-// gives up the lead: Lead campaigns again once f returns, and returns
-// ErrStalled where f did not return in time and the Session was closed.
+// (ErrInvalidArgument): end ctx instead. Failures are retried with
+// backoff, and reported to the observers; a request etcd refuses
+// (permission denied) is no passing failure: Lead returns it at once.
+// WithWatchdog, an f that reports no progress gives up the lead: Lead
+// campaigns again once f returns, and returns ErrStalled where f did not
+// return in time and the Session was closed.
 //
 // f ends its term early by returning StepDown (release, and campaign again
 // after a pause) or HandOver (let a named queued candidate lead next);
