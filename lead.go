@@ -338,7 +338,7 @@ func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) 
 // then every third of the TTL the lease was granted (5 min for the
 // count's own, handover.CountTTL), so that the count lasts while a leader
 // leads; the returned func stops it and waits. A keep-alive that fails is
-// tried again a third later: a count whose lease ends starts again at 1.
+// tried again after a second: a count whose lease ends starts again at 1.
 func (t *leadTerm) keepCount(ctx context.Context, lease clientv3.LeaseID) (stop func()) {
 	if lease == clientv3.NoLease {
 		return func() {}
@@ -352,13 +352,17 @@ func (t *leadTerm) keepCount(ctx context.Context, lease clientv3.LeaseID) (stop 
 			kctx, kcancel := context.WithTimeout(ctx, recordCallTimeout)
 			resp, err := t.s.Client().KeepAliveOnce(kctx, lease)
 			kcancel()
+			next := every
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
 				return
-			case err == nil && resp.TTL > 0:
+			case err != nil:
+				next = min(time.Second, every)
+			case resp.TTL > 0:
 				every = time.Duration(resp.TTL) * time.Second / 3
+				next = every
 			}
-			if sleep(ctx, every) != nil {
+			if sleep(ctx, next) != nil {
 				return
 			}
 		}
