@@ -22,17 +22,23 @@ import (
 // or f's error when f fails for another reason than a loss. If f panics, it
 // releases the lock and panics again. It closes its Session (made with opts,
 // WithRenewal) on every way out, and refuses WithLease and WithContext
-// (ErrInvalidArgument): end ctx instead. Failures are retried with backoff,
-// and reported to the observers. WithWatchdog, an f that reports no progress
-// gives up the lead: Lead campaigns again once f returns, and returns
-// ErrStalled where f did not return in time and the Session was closed.
+// (ErrInvalidArgument): end ctx instead. Failures are retried with
+// backoff, and reported to the observers; a request etcd refuses
+// (permission denied) is no passing failure: Lead returns it at once.
+// WithWatchdog, an f that reports no progress gives up the lead: Lead
+// campaigns again once f returns, and returns ErrStalled where f did not
+// return in time and the Session was closed.
 //
 // f ends its term early by returning StepDown (release, and campaign again
 // after a pause) or HandOver (let a named queued candidate lead next);
 // TermFrom gives it the term's count. Before f runs, Lead reads its
 // records (etcdlock.term.NAME, etcdlock.handover.NAME): a holder that a
-// hand-over passes over gives way without running f. A refusal of etcd's
-// there (permission denied) is returned, f not run.
+// hand-over passes over gives way without running f. Where etcd refuses
+// them (permission denied: a role with 1.0.0's permissions, name/ and
+// etcdlock.fence. alone), Lead leads as 1.0.0 did: f runs, uncounted
+// (TermFrom false; TermStarted's Err names the keys), and no hand-over is
+// honoured, since none can have been put under that role; HandOver is
+// refused (see there). docs/keys.md lists every key and its permission.
 func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx context.Context) error, opts ...SessionOption) error {
 	switch {
 	case ctx == nil:
@@ -117,8 +123,8 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !o.ran && !s.lockable(o.err):
-			return o.err
+		case !o.ran && (!s.lockable(o.err) || !retryable(o.err)):
+			return o.err // refused by etcd: applied nowhere, nothing to wait for
 		case t.claimErr != nil && !retryable(t.claimErr):
 			return t.claimErr // refused by etcd: permission denied, say
 		case !o.ran || t.claimErr != nil:
@@ -133,6 +139,8 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 			return fmt.Errorf("%w: lead %q: f did not return within the period after its context was cancelled: the session was closed", ErrStalled, name)
 		case o.err != nil && !o.lost && !o.stalled:
 			return o.err
+		case t.refused != nil:
+			return t.refused // the hand-over's record, refused: the lock released
 		}
 		retry.reset()
 		if t.aside {
@@ -197,7 +205,10 @@ func StepDown(pause time.Duration) error {
 // Mutex, concurrency.Mutex or etcdctl lock between the leader and the
 // named one takes the lock in turn, as ever: only Lead reads the record.
 //
-// When no candidate is queued under to, or the record cannot be put (the
+// Where etcd refuses the record (a role without read and write on
+// etcdlock.handover.NAME), Lead releases the lock and returns the refusal
+// (permission denied), naming the key: the next candidate leads. When no
+// candidate is queued under to, or the record cannot be put (the
 // candidate left, etcd unreachable for 5 s), the term ends as after a nil:
 // the next in the queue leads, and the observers hear HandedOver with no
 // Target (and Err). The empty to gives an error wrapping
@@ -228,15 +239,21 @@ type termKey struct{}
 // TermFrom returns the term count of the Lead whose f's context ctx derives
 // from, and false outside any: 1 for the first term of the lock's name, one
 // more for each term after, whichever process led it (client-go's
-// LeaderTransitions, counting the first). The count is the Version of the
-// key etcdlock.term.NAME ("/" and "%" written %XX), which each new leader
-// puts in a Txn guarded by its hold and by the Version it read: a term
-// counts once, even where a put is sent again or applied late. Only Lead
-// counts: a Mutex, concurrency.Mutex or etcdctl lock holding the name in
-// between adds nothing, and a candidate that steps aside for a hand-over
-// adds nothing. The key has no lease: deleting it starts the count again
-// at 1. A term whose count was put, but whose start then failed (etcd
-// unreachable for 5 s), is counted without running f.
+// LeaderTransitions, counting the first), for as long as the count lasts.
+// The count is the Version of the key etcdlock.term.NAME ("/" and "%"
+// written %XX), which each new leader puts in a Txn guarded by its hold and
+// by the Version it read: a term counts once, even where a put is sent
+// again or applied late. The key is on a lease of its own (15 minutes),
+// which the leader keeps alive while its term lasts: it outlives the
+// leaders' Sessions, so a name led again within 10 minutes of its last
+// term's end (a failover, a restart) counts on, and one left without a
+// leader for 15 minutes starts again at 1, as where the lease or key is
+// deleted. Only Lead counts: a Mutex, concurrency.Mutex or etcdctl lock
+// holding the name in between adds nothing, and a candidate that steps
+// aside for a hand-over adds nothing. A term whose count was put, but
+// whose start then failed (etcd unreachable for 5 s), is counted without
+// running f. Where etcd refused Lead the key (permission denied), the term
+// is not counted, and TermFrom returns false.
 func TermFrom(ctx context.Context) (int64, bool) {
 	n, ok := ctx.Value(termKey{}).(int64)
 	return n, ok
@@ -259,6 +276,7 @@ type leadTerm struct {
 	claimErr error    // the term could not begin: f did not run
 	aside    bool     // the holder gave way to the candidate handed over to
 	end      *termEnd // f ended the term with StepDown or HandOver
+	refused  error    // etcd refused the hand-over's record: Lead returns it
 }
 
 // run begins the term of the hold in fctx (or steps aside), runs f, and
@@ -269,60 +287,110 @@ func (t *leadTerm) run(fctx context.Context, f func(ctx context.Context) error) 
 	e := Event{Lock: t.name, Primitive: KindMutex, Lease: held.Lease, Key: held.Key, Token: held.Token}
 	// The claim and the hand-over are Lead's calls, not f's: the
 	// watchdog does not count them.
-	var verdict handover.Verdict
-	var n int64
-	var to handover.Candidate
+	var c handover.Claimed
 	var err error
-	exempt(fctx, func() { verdict, n, to, err = t.claim(fctx, me) })
+	exempt(fctx, func() { c, err = t.claim(fctx, me) })
 	switch {
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		// A role without Lead's records (1.0.0's: name/ and the fence
+		// keys): lead as 1.0.0 did, uncounted, honouring no hand-over
+		// (no Lead of this role can have put one).
+		c, e.Err = handover.Claimed{Verdict: handover.Lead}, err
 	case err != nil:
 		t.claimErr = err
 		return nil
-	case verdict == handover.Lost:
+	case c.Verdict == handover.Lost:
 		t.claimErr = ErrLockLost
 		return nil
-	case verdict == handover.StepAside:
+	case c.Verdict == handover.StepAside:
 		t.aside = true
-		e.Kind, e.Target = SteppedAside, to.Key
+		e.Kind, e.Target = SteppedAside, c.To.Key
 		t.s.events.emit(e)
 		return nil
 	}
-	e.Kind, e.Term = TermStarted, n
+	e.Kind, e.Term = TermStarted, c.Term
 	t.s.events.emit(e)
 	// f's context ends when f returns, as Do's does: before a hand-over,
 	// which may take a while.
-	termCtx, endTerm := context.WithCancel(context.WithValue(fctx, termKey{}, n))
+	termCtx := fctx
+	if c.Term > 0 {
+		termCtx = context.WithValue(fctx, termKey{}, c.Term)
+	}
+	termCtx, endTerm := context.WithCancel(termCtx)
+	defer t.keepCount(termCtx, c.Lease)() // stopped however f ends, panics too
 	err = f(termCtx)
 	endTerm()
 	if !errors.As(err, &t.end) {
 		return err
 	}
 	if t.end.to != "" {
-		e.Kind, e.Term = HandedOver, 0
+		e.Kind, e.Term, e.Err = HandedOver, 0, nil
 		exempt(fctx, func() { e.Target, e.Err = t.handOver(context.WithoutCancel(fctx), me, t.end.to) })
+		if errors.Is(e.Err, rpctypes.ErrPermissionDenied) {
+			t.refused = errorf("lead", t.name, fmt.Errorf("HandOver needs read and write on %s: %w", handover.RecordKey(t.name), e.Err))
+		}
 		t.s.events.emit(e)
 	}
 	return nil
 }
 
+// keepCount keeps the term count's lease alive while ctx lasts: now, and
+// then every third of the TTL the lease was granted (5 min for the
+// count's own, handover.CountTTL), so that the count lasts while a leader
+// leads; the returned func stops it and waits. A keep-alive that fails is
+// tried again after a second: a count whose lease ends starts again at 1.
+func (t *leadTerm) keepCount(ctx context.Context, lease clientv3.LeaseID) (stop func()) {
+	if lease == clientv3.NoLease {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		every := handover.CountTTL / 3
+		for {
+			kctx, kcancel := context.WithTimeout(ctx, recordCallTimeout)
+			resp, err := t.s.Client().KeepAliveOnce(kctx, lease)
+			kcancel()
+			next := every
+			switch {
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				return
+			case err != nil:
+				next = min(time.Second, every)
+			case resp.TTL > 0:
+				every = time.Duration(resp.TTL) * time.Second / 3
+				next = every
+			}
+			if sleep(ctx, next) != nil {
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
 // claim reads the records as the new holder me, and counts its term, or
 // says to step aside; it tries again for claimTimeout while etcd fails.
-func (t *leadTerm) claim(ctx context.Context, me handover.Candidate) (handover.Verdict, int64, handover.Candidate, error) {
+func (t *leadTerm) claim(ctx context.Context, me handover.Candidate) (handover.Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	id := strconv.FormatUint(rand.Uint64(), 36) // this claim's, for every try
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, recordCallTimeout)
-		v, n, to, err := handover.Claim(cctx, t.s.Client(), t.name, me, id)
+		c, err := handover.Claim(cctx, t.s.Client(), t.s.Client(), t.name, me, id)
 		ccancel()
 		switch {
 		case err == nil:
-			return v, n, to, nil
+			return c, nil
+		case errors.Is(err, rpctypes.ErrPermissionDenied):
+			return c, errorf("lead", t.name, fmt.Errorf("TermFrom's count and hand-overs need read and write on %s and %s; leading without them: %w",
+				handover.TermKey(t.name), handover.RecordKey(t.name), err))
 		case !retryable(err):
-			return v, n, to, errorf("lead", t.name, err)
+			return c, errorf("lead", t.name, err)
 		}
 		if serr := sleep(ctx, firstBackoff); serr != nil {
-			return 0, 0, handover.Candidate{}, errorf("lead", t.name, errors.Join(serr, err))
+			return handover.Claimed{}, errorf("lead", t.name, errors.Join(serr, err))
 		}
 	}
 }

@@ -96,10 +96,21 @@ func (d *duties) f(who string) func(ctx context.Context) error {
 		d.running = who
 		d.mu.Unlock()
 		d.started <- r
+		// f reports progress while it waits: a watchdog (WithWatchdog)
+		// judges Lead's own calls, never a slow test.
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
 		var err error
-		select {
-		case <-ctx.Done():
-		case err = <-end:
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case err = <-end:
+				break wait
+			case <-tick.C:
+				etcdlock.Progress(ctx)
+			}
 		}
 		d.mu.Lock()
 		d.running = ""
@@ -411,8 +422,11 @@ func TestHandOverTargetGone(t *testing.T) {
 }
 
 // TestTermCount: three leaders, one term each, count three, as etcd's term
-// key says; a Mutex holding the name in between counts nothing; the key
-// deleted by hand, the count starts again at 1.
+// key says; a Mutex holding the name in between counts nothing. The key is
+// on a lease of its own, of handover.CountTTL, kept alive by the leaders:
+// with every candidate stopped (their Sessions closed) it stays, and the
+// next leader counts on; once its lease ends, the key is gone and the count
+// starts again at 1.
 func TestTermCount(t *testing.T) {
 	testflags.Parallel(t)
 	_, client := startServer(t)
@@ -421,9 +435,8 @@ func TestTermCount(t *testing.T) {
 	_, termKey := recordKeys(name)
 	m := etcdlock.NewMutex(newSession(t, client), name)
 	d := newDuties(t, client, name)
-	var cands []*candidate
 	for i, who := range []string{"a", "b", "c"} {
-		cands = append(cands, leadAs(ctx, client, name, who, d))
+		c := leadAs(ctx, client, name, who, d)
 		r := d.next()
 		if r.who != who || r.term != int64(i+1) || r.etcdTerm != r.term {
 			t.Errorf("term %d: got %+v, want %s with TermFrom and etcd's count %d", i+1, r, who, i+1)
@@ -438,21 +451,33 @@ func TestTermCount(t *testing.T) {
 		if err := w.Release(); err != nil {
 			t.Fatal(err)
 		}
+		_ = c.stop(t) // its Session closed: the count stays
 	}
 	resp, err := client.Get(ctx, termKey)
-	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Version != 3 || resp.Kvs[0].Lease != 0 {
-		t.Fatalf("the term key after three terms: got %v, %v; want Version 3, no lease", resp, err)
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Version != 3 || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("the term key after three terms, every candidate stopped: got %v, %v; want Version 3, on a lease", resp, err)
 	}
-	if _, err := client.Delete(ctx, termKey); err != nil {
+	count := clientv3.LeaseID(resp.Kvs[0].Lease)
+	ttl, err := client.TimeToLive(ctx, count)
+	if max := int64(handover.CountTTL / time.Second); err != nil || ttl.GrantedTTL != max || ttl.TTL <= 0 || ttl.TTL > max {
+		t.Fatalf("the count's lease: got %+v, %v; want granted %d s, alive", ttl, err, max)
+	}
+	d4 := leadAs(ctx, client, name, "d", d)
+	if r := d.next(); r.who != "d" || r.term != 4 || r.etcdTerm != 4 {
+		t.Errorf("the term after every candidate stopped: got %+v, want d in term 4", r)
+	}
+	_ = d4.stop(t)
+	if _, err := client.Revoke(ctx, count); err != nil {
 		t.Fatal(err)
 	}
-	cands = append(cands, leadAs(ctx, client, name, "d", d))
-	if r := d.next(); r.who != "d" || r.term != 1 || r.etcdTerm != 1 {
-		t.Errorf("the term after the key's delete: got %+v, want d in term 1", r)
+	if resp, err := client.Get(ctx, termKey); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("the term key once its lease ended: got %v, %v; want none", resp, err)
 	}
-	for _, c := range cands {
-		_ = c.stop(t)
+	e := leadAs(ctx, client, name, "e", d)
+	if r := d.next(); r.who != "e" || r.term != 1 || r.etcdTerm != 1 {
+		t.Errorf("the term after the count's lease ended: got %+v, want e in term 1", r)
 	}
+	_ = e.stop(t)
 }
 
 // TestTermEndBadInput: StepDown(-1) and HandOver("") are errors wrapping
@@ -676,4 +701,39 @@ func TestHandOverWatchdog(t *testing.T) {
 	if sm.fires() != 1 {
 		t.Errorf("the fault fired %d times, want once", sm.fires())
 	}
+}
+
+// TestTermCountKeptAlive: the leader keeps the count's lease alive while
+// its term lasts, every third of the lease's TTL: a count on a lease of
+// 3 s (put by hand) outlives a term of 7 s, on the same lease, and ends
+// within the TTL once no leader keeps it.
+func TestTermCountKeptAlive(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	_, termKey := recordKeys(name)
+	const ttl = 3 * time.Second
+	g, err := client.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Put(ctx, termKey, "by hand", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	d := newDuties(t, client, name)
+	a := leadAs(ctx, client, name, "a", d)
+	if r := d.next(); r.term != 2 || r.etcdTerm != 2 {
+		t.Fatalf("the term after the count put by hand: got %+v, want 2", r)
+	}
+	time.Sleep(ttl*2 + ttl/3)
+	resp, err := client.Get(ctx, termKey)
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Version != 2 || clientv3.LeaseID(resp.Kvs[0].Lease) != g.ID {
+		t.Fatalf("the count after a term of %v, its lease of %v: got %v, %v; want Version 2 on lease %x", ttl*2+ttl/3, ttl, resp, err, g.ID)
+	}
+	_ = a.stop(t)
+	eventually(t, "the count gone with its lease", func() bool {
+		resp, err := client.Get(ctx, termKey)
+		return err == nil && len(resp.Kvs) == 0
+	})
 }

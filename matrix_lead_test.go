@@ -11,15 +11,16 @@ import (
 )
 
 // The fault matrix of Lead's hand-over and term count: each etcd call they
-// add (seams_test.go: term-read, term, aside, handover, and the hand-over's
-// queue-read), each with its reply lost, dropped, or applied late, on the
+// add (seams_test.go: term-read, term, aside, handover, the hand-over's
+// queue-read, and grant: the lease of the count, which the first claim
+// grants), each with its reply lost, dropped, or applied late, on the
 // client of the candidate x that makes it; judged in etcd: who leads next
 // (the holder's key as etcd has it when f begins), the term count's Version
 // against the terms that ran f, no record and no key left once every late
 // request has been applied, and never two f at once (duties).
 //
-//   - term-read, term, queue-read, handover: x leads first (its claim
-//     faulted), then hands over to t, queued behind h;
+//   - term-read, term, grant, queue-read, handover: x leads first (its
+//     claim faulted), then hands over to t, queued behind h;
 //   - aside: l leads, hands over to t, queued behind x; x holds, and its
 //     check that t is queued is faulted.
 //
@@ -28,13 +29,17 @@ import (
 func TestLeadFaultMatrix(t *testing.T) {
 	testflags.Parallel(t)
 	srv, healthy := startServer(t)
-	for _, c := range []call{callTermRead, callTerm, callQueueRead, callHandOver, callAside} {
+	for _, c := range []call{callTermRead, callTerm, callGrant, callQueueRead, callHandOver, callAside} {
 		for _, f := range []fault{faultLost, faultDropped, faultLate} {
 			t.Run(fmt.Sprintf("%s/%s", c, f), func(t *testing.T) {
 				t.Parallel()
 				ctx := testContext(t)
 				name := lockName(t)
-				sm := newSeam(c, f, 1)
+				nth := 1
+				if c == callGrant {
+					nth = 2 // the first is the grant of x's Session
+				}
+				sm := newSeam(c, f, nth)
 				sm.enter(phaseHold, nil)
 				faulted := serverClient(t, srv, sm.unary, sm.stream)
 				d := newDuties(t, healthy, name)
@@ -99,7 +104,7 @@ func TestLeadFaultMatrix(t *testing.T) {
 }
 
 // termCount returns the Version of the term key of name in etcd: the count
-// of Lead's terms.
+// of Lead's terms. A count with no lease fails the test: it would never end.
 func termCount(t *testing.T, client *clientv3.Client, name string) int64 {
 	t.Helper()
 	_, term := recordKeys(name)
@@ -109,6 +114,9 @@ func termCount(t *testing.T, client *clientv3.Client, name string) int64 {
 	}
 	if len(resp.Kvs) == 0 {
 		return 0
+	}
+	if resp.Kvs[0].Lease == 0 {
+		t.Errorf("the term count %s has no lease", term)
 	}
 	return resp.Kvs[0].Version
 }

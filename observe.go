@@ -44,7 +44,7 @@ const (
 	SessionClosed  EventKind = "session_closed"  // Close was called, or the WithContext context ended: the Session's holds have ended; the last event
 	SessionFailed  EventKind = "session_failed"  // a lease could not be had (etcd unreachable, say) and will be tried again: by Lead (Lock, Err) or a Session made WithRenewal (Err)
 	LeaseRenewed   EventKind = "lease_renewed"   // a Session made WithRenewal has a new lease after losing one: Lease, OldLease, TTL
-	TermStarted    EventKind = "term_started"    // Lead holds the lock and is about to run f: Key, Token, Term
+	TermStarted    EventKind = "term_started"    // Lead holds the lock and is about to run f: Key, Token, Term; Err (and Term 0) where etcd refused the term count
 	HandedOver     EventKind = "handed_over"     // Lead's f returned HandOver: Target, the key handed over to; "" when none was (then Err if etcd failed)
 	SteppedAside   EventKind = "stepped_aside"   // Lead held the lock handed over to another, and releases it without running f: Target
 )
@@ -320,6 +320,10 @@ func (o logObserver) Observe(e Event) {
 	case LeaseRenewed:
 		o.l.LogAttrs(ctx, slog.LevelInfo, "etcdlock: new lease", slog.String("lease", fmt.Sprintf("%x", e.Lease)), slog.String("lost", fmt.Sprintf("%x", e.OldLease)))
 	case TermStarted:
+		if e.Err != nil {
+			o.l.LogAttrs(ctx, slog.LevelWarn, "etcdlock: leading, uncounted", append(attrs, slog.String("error", e.Err.Error()))...)
+			return
+		}
 		o.l.LogAttrs(ctx, slog.LevelInfo, "etcdlock: leading", append(attrs, slog.Int64("term", e.Term))...)
 	case HandedOver:
 		if e.Target == "" {
