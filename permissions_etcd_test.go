@@ -49,7 +49,9 @@ func TestElectionWithAuthEnabled(t *testing.T) {
 	for _, cp := range campaigns {
 		wg.Go(func() {
 			time.Sleep(cp.sleep)
-			err := etcdlock.Lead(ctx, cp.c, cp.pfx, func(ctx context.Context) error {
+			err := leadOnce(ctx, func(ctx context.Context, f func(context.Context) error) error {
+				return etcdlock.Lead(ctx, cp.c, cp.pfx, f, etcdlock.WithTTL(10*time.Second))
+			}, func(ctx context.Context) error {
 				l, err := etcdlock.LeaderOf(ctx, env.root, cp.pfx)
 				if err != nil {
 					return err
@@ -59,7 +61,7 @@ func TestElectionWithAuthEnabled(t *testing.T) {
 					return fmt.Errorf("leads as %+v, but etcd's leader is %s", h, l.Key)
 				}
 				return nil
-			}, etcdlock.WithTTL(10*time.Second))
+			})
 			if err != nil {
 				errs <- fmt.Errorf("[Campaign] %s: %w", cp.name, err)
 			}

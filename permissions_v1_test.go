@@ -361,10 +361,13 @@ func v1Calls() []v1Call {
 			return lockUnlock(ctx, root, name, m.LockContext, m.UnlockContext, m.Key)
 		}},
 		{call: "Lead", run: func(ctx context.Context, t *testing.T, c, root *clientv3.Client, name string) error {
-			return etcdlock.Lead(ctx, c, name, lead(ctx, root, name), etcdlock.WithTTL(2*time.Second))
+			return leadOnce(ctx, func(ctx context.Context, f func(context.Context) error) error {
+				return etcdlock.Lead(ctx, c, name, f, etcdlock.WithTTL(2*time.Second))
+			}, lead(ctx, root, name))
 		}},
 		{call: "Session.Lead", run: func(ctx context.Context, t *testing.T, c, root *clientv3.Client, name string) error {
-			return session(t, c).Lead(ctx, name, lead(ctx, root, name))
+			s := session(t, c)
+			return leadOnce(ctx, func(ctx context.Context, f func(context.Context) error) error { return s.Lead(ctx, name, f) }, lead(ctx, root, name))
 		}},
 		reading("Inspect", inspect),
 		reading("Inspect of a Semaphore's queue", inspect),
@@ -396,4 +399,22 @@ func v1Calls() []v1Call {
 			return errors.New("FollowLeader ended without the holder")
 		}),
 	}
+}
+
+// leadOnce runs lead (Lead, or Session.Lead) with an f that runs check
+// once it leads, then ends the lead, and returns check's error: Lead runs
+// f, term after term, until its context ends, so f ends it.
+func leadOnce(ctx context.Context, lead func(ctx context.Context, f func(context.Context) error) error, check func(context.Context) error) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	checked := errors.New("f never ran")
+	err := lead(lctx, func(fctx context.Context) error {
+		checked = check(fctx)
+		cancel()
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		return fmt.Errorf("lead: %w", err)
+	}
+	return checked
 }
