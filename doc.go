@@ -63,9 +63,8 @@
 // until the unlock that deletes it. It belongs to the goroutine that took it,
 // which may lock again through any handle of the Session and name (each lock
 // needs its unlock; only the first and last talk to etcd), or to the scope of
-// Do and Lead; a Permit is a hold of its own. Held returns it as one snapshot,
-// which cannot straddle a hand-off as separate calls can. Key, Token, IsOwner
-// and Done describe: for a Mutex or MultiMutex, the Session's one hold of it,
+// Do and Lead; a Permit is a hold of its own. Held returns it as one snapshot
+// (never straddling a hand-off). Key, Token, IsOwner and Done describe: for a Mutex or MultiMutex, the Session's one hold of it,
 // whichever goroutine asks (for a Mutex, a MultiMutex's hold of its name if
 // any); for an RWMutex, the calling goroutine's (write, else read); for a
 // Permit, itself. With no hold: "", 0, a false comparison, a closed channel.
@@ -106,9 +105,8 @@
 //
 // # For the people on call
 //
-// These work on a lock of any kind, from any process (the command etcdlock
-// too); a holder learns of what they do to its hold through Done (HoldLost,
-// with the reason), so they are safe only with fencing.
+// They work on any lock, from any process (the command etcdlock too); a
+// holder learns what they do to its hold by Done: safe only with fencing.
 //
 //   - Inspect, LeaderOf, Follow and FollowLeader read the queue, writing
 //     nothing; Release deletes one key of it, fenced: it breaks a stuck hold.
@@ -126,9 +124,7 @@
 // A Mutex "jobs/nightly" is the key "jobs/nightly/<lease ID in hex>", as for
 // etcd's concurrency.Mutex and etcdctl lock: the three exclude each other.
 // Unlike them, a Mutex ignores keys nested deeper: "a/b" does not block "a".
-// With etcd's authentication on, a lock's role needs read and write on the
-// keys under "name/" and "etcdlock.fence."; Lead's also on etcdlock.term.NAME
-// and etcdlock.handover.NAME; DoOnce's under "etcdlock.done.", and lease
-// grants; SetLimit's on etcdlock.limit.NAME, which a Semaphore reads (see
-// README).
+// Under etcd's authentication, every lock, Do and Lead need what etcd's own
+// lock needs, read and write on "name/"; a feature that needs a record asks
+// for it only when used (docs/keys.md lists every key and its permission).
 package etcdlock

@@ -12,59 +12,48 @@ import (
 )
 
 var (
-	// ErrNotHeld is returned by an unlock when the calling goroutine (or the
-	// Do scope of its context) holds nothing of that kind, and by
-	// Permit.Release for a nil or released Permit, and by Release when the
-	// key is gone or has another token. Nothing is changed.
+	// ErrNotHeld: an unlock with nothing of its kind held (by the goroutine or its
+	// Do scope), a nil or released Permit, a Release of a key gone or remade.
+	// Nothing changes.
 	ErrNotHeld = errors.New("etcdlock: unlock of a lock not held by this goroutine")
 
-	// ErrSessionExpired is returned by every lock call once its session's
-	// lease is gone (revoked, expired, closed, its client closed, its
-	// WithContext context ended): make a new session. WithRenewal it means
-	// "the lease this call used is gone": a later call takes the next one.
+	// ErrSessionExpired: the Session's lease (WithRenewal: the call's) is gone:
+	// revoked, expired, closed, its client or WithContext context ended.
 	ErrSessionExpired = errors.New("etcdlock: session expired")
 
 	// ErrInvalidName is returned for the empty name; nothing is written.
 	ErrInvalidName = errors.New("etcdlock: invalid lock name")
 
-	// ErrInvalidArgument is returned, wrapped with the detail, for a nil
-	// argument, a TTL or lease ID that is not positive, a negative hand-off
-	// count, a Semaphore limit below 1, no MultiMutex names, or WithLease or
-	// WithContext given to Lead; nothing is written.
+	// ErrInvalidArgument, wrapped with the detail: a nil argument, no MultiMutex
+	// names, a value out of range, WithLease or WithContext given to Lead.
+	// Nothing is written.
 	ErrInvalidArgument = errors.New("etcdlock: invalid argument")
 
-	// ErrLockLost is returned by the unlock that ends a hold whose key was
-	// gone (deleted, or its lease expired) while its session lives: the
-	// critical section may not have been exclusive. It is returned, changing
-	// nothing, to a goroutine that locks again a hold known lost (its Done
-	// closed, or its lease gone), by Do when the hold was lost under f, and
-	// by CheckFence for a fence whose hold no longer holds.
+	// ErrLockLost: the key was gone at the unlock (the section may not have been
+	// exclusive), or lost under Do's f, or at CheckFence; to a re-lock of a hold
+	// known lost, changing nothing.
 	ErrLockLost = errors.New("etcdlock: lock lost")
 
-	// ErrWouldDeadlock is returned, changing nothing, to a goroutine that
-	// asks for what it would wait for itself: the write lock of an RWMutex
-	// whose read lock it holds, a MultiMutex one of whose names it holds
-	// another way (a Mutex, a Do scope, another MultiMutex), or a Mutex
-	// whose name it holds through a MultiMutex.
+	// ErrWouldDeadlock, changing nothing: the goroutine holds what it would wait
+	// for (the read lock of the RWMutex it would write; a MultiMutex's name held
+	// another way, or the reverse).
 	ErrWouldDeadlock = errors.New("etcdlock: lock asked by a goroutine that holds what it would wait for")
 
 	// ErrNoPermit is returned by Semaphore.TryAcquire when its wait ran out.
 	ErrNoPermit = errors.New("etcdlock: no permit free")
 
-	// ErrLimitMismatch is returned by Semaphore.Acquire and TryAcquire when a
-	// holder or waiter of the name has another limit (or is no Semaphore).
+	// ErrLimitMismatch: a holder or waiter of the name has another limit (or is
+	// no Semaphore), and none is recorded.
 	ErrLimitMismatch = errors.New("etcdlock: semaphore limit mismatch")
 
-	// ErrStalled is returned by Do, and by Lead where the Session had to be
-	// closed, when f reported no progress within the WithWatchdog period.
+	// ErrStalled: f reported no progress within the WithWatchdog period.
 	ErrStalled = errors.New("etcdlock: no progress reported within the watchdog period")
 
 	// ErrNoLeader is returned, wrapped, by LeaderOf when nobody leads.
 	ErrNoLeader = errors.New("etcdlock: no leader")
 
-	// ErrInvalidFence is returned, wrapped with what is wrong, by ParseFence,
-	// Fence.MarshalText and CheckFence for text or a Fence that names no hold
-	// of a lock; nothing is read or written.
+	// ErrInvalidFence, wrapped with what is wrong: text or a Fence that names no
+	// hold of a lock; nothing is read or written.
 	ErrInvalidFence = errors.New("etcdlock: invalid fence")
 )
 

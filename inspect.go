@@ -24,11 +24,9 @@ type QueueEntry struct {
 	Weight   int              // a Semaphore key's permits (1, or n from AcquireN); 0 for other kinds
 }
 
-// Inspect reads the queue of the lock called name, in one read that writes
-// nothing (a Semaphore's: two, its keys and then its limit record at the
-// same revision): the keys of any lock of this package, concurrency.Mutex, etcdctl
-// lock or etcd's recipe RWMutex, holders first, by token, then waiters in the
-// order they will be served; empty if none. Nested locks' keys are not.
+// Inspect reads, writing nothing, the queue of name at one revision: any
+// lock's keys (concurrency.Mutex's, etcdctl lock's, recipe RWMutex's too, not
+// nested names'), holders first by token, then waiters in turn.
 func Inspect(ctx context.Context, client *clientv3.Client, name string) ([]QueueEntry, error) {
 	entries, _, err := inspectAt(ctx, client, name)
 	return entries, err

@@ -13,32 +13,16 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Lead runs f whenever this process leads name, until ctx ends: it
-// campaigns on the Mutex queue of name (which LeaderOf reads), runs f as
-// Mutex.Do does, and campaigns again when f returns, after a pause
-// (docs/design.md §6). f's context is cancelled before the lease can expire,
-// and Lead never releases the lock while f runs: two processes' f never run
-// while both their keys are the oldest. Lead returns ctx.Err() when ctx ends,
-// or f's error when f fails for another reason than a loss. If f panics, it
-// releases the lock and panics again. It closes its Session (made with opts,
-// WithRenewal) on every way out, and refuses WithLease and WithContext
-// (ErrInvalidArgument): end ctx instead. Failures are retried with
-// backoff, and reported to the observers; a request etcd refuses
-// (permission denied) is no passing failure: Lead returns it at once.
-// WithWatchdog, an f that reports no progress gives up the lead: Lead
-// campaigns again once f returns, and returns ErrStalled where f did not
-// return in time and the Session was closed.
-//
-// f ends its term early by returning StepDown (release, and campaign again
-// after a pause) or HandOver (let a named queued candidate lead next);
-// TermFrom gives it the term's count. Before f runs, Lead reads its
-// records (etcdlock.term.NAME, etcdlock.handover.NAME): a holder that a
-// hand-over passes over gives way without running f. Where etcd refuses
-// them (permission denied: a role with 1.0.0's permissions, name/ and
-// etcdlock.fence. alone), Lead leads as 1.0.0 did: f runs, uncounted
-// (TermFrom false; TermStarted's Err names the keys), and no hand-over is
-// honoured, since none can have been put under that role; HandOver is
-// refused (see there). docs/keys.md lists every key and its permission.
+// Lead runs f as Mutex.Do does (package doc, For jobs) whenever this process
+// leads name's Mutex queue (LeaderOf), until ctx ends, campaigning again
+// after a pause: two processes' f never run while both their keys are the
+// oldest. It returns ctx.Err(), f's error (not a loss), ErrStalled (see
+// WithWatchdog), or a request etcd refused (permission denied), at once;
+// other failures are retried. It closes its Session (opts, WithRenewal;
+// WithLease, WithContext: ErrInvalidArgument) on every way out. f ends a term
+// early with StepDown or HandOver; TermFrom counts the terms. Under a role
+// without Lead's records (1.0.0's), f runs uncounted and no hand-over is
+// honoured (docs/keys.md).
 func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx context.Context) error, opts ...SessionOption) error {
 	switch {
 	case ctx == nil:
@@ -87,11 +71,9 @@ func Lead(ctx context.Context, client *clientv3.Client, name string, f func(ctx 
 	}
 }
 
-// Lead runs f whenever this process leads name, as the function Lead does,
-// but on s, with StepDown, HandOver and TermFrom as there. It does not
-// close s, and returns ErrSessionExpired once s has ended (without
-// WithRenewal, when its lease is gone). Within a hold of name on s (by the
-// calling goroutine, or in a Do's f) it is ErrInvalidArgument.
+// Lead is the function Lead on s, which it does not close: ErrSessionExpired
+// once s has ended (without WithRenewal, its lease gone); ErrInvalidArgument
+// within a hold of name on s (the calling goroutine's, or a Do's f's).
 func (s *Session) Lead(ctx context.Context, name string, f func(ctx context.Context) error) error {
 	if err := validate(s != nil, name, ctx); err != nil {
 		return err
@@ -165,19 +147,10 @@ func (s *Session) lead(ctx context.Context, name string, f func(ctx context.Cont
 	}
 }
 
-// StepDown returns the error that f, run by Lead (or Session.Lead), returns
-// to end its term and not campaign again for pause: Lead releases the lock
-// once f has returned, as after a nil, so that the next candidate queued
-// (if any) leads; then it waits pause, or until its ctx ends (it then
-// returns ctx.Err()), and campaigns again, behind whoever queued meanwhile.
-// Lead does not return it. StepDown(0) is a nil return without the pause
-// between campaigns. A negative pause gives an error wrapping
-// ErrInvalidArgument instead, which Lead returns as f's error (the lock
-// released, nothing left behind). Like filepath.SkipDir, it is a value to
-// return, not a call that acts: it ends the term only when f returns it
-// (wrapped or not), and outside Lead it is an error like any other.
-// StepDown cannot stop the other candidates: with none queued, this
-// process leads again after pause.
+// StepDown returns the error that f returns to end its Lead term, release as
+// a nil does, and campaign again after pause (0: no pause at all); with nobody
+// queued, it leads again. Like filepath.SkipDir, it acts only as f's return.
+// A negative pause is ErrInvalidArgument, wrapped.
 func StepDown(pause time.Duration) error {
 	if pause < 0 {
 		return fmt.Errorf("%w: StepDown: pause %v, want >= 0", ErrInvalidArgument, pause)
@@ -185,35 +158,12 @@ func StepDown(pause time.Duration) error {
 	return &termEnd{pause: pause}
 }
 
-// HandOver returns the error that f, run by Lead (or Session.Lead), returns
-// to end its term and let the candidate named to lead next, ahead of those
-// queued before it. to is a queued candidate's key (as Inspect lists it) or
-// its identity (WithIdentity: the oldest waiter with it); never this
-// process's own key. Once f has returned, Lead reads the queue and, in one
-// Txn guarded by its key and by the candidate's, puts a record that names
-// the candidate's key and token, on the candidate's lease; then it
-// releases the lock as after a nil, and campaigns again after the usual
-// pause, behind the candidate. A Lead candidate that holds the lock before
-// the named one gives way without running f (SteppedAside), and queues
-// again at once; the named one deletes the record as its term begins.
-//
-// The record names one hold of the candidate: once the candidate's lease
-// has ended, the record is gone with it; once its key is deleted, the
-// record names a key gone, and the next candidate leads as if there were
-// none. So a hand-over never keeps the lock from the candidates for longer
-// than the named one's key lasts, and it never runs two f at once. A
-// Mutex, concurrency.Mutex or etcdctl lock between the leader and the
-// named one takes the lock in turn, as ever: only Lead reads the record.
-//
-// Where etcd refuses the record (a role without read and write on
-// etcdlock.handover.NAME), Lead releases the lock and returns the refusal
-// (permission denied), naming the key: the next candidate leads. When no
-// candidate is queued under to, or the record cannot be put (the
-// candidate left, etcd unreachable for 5 s), the term ends as after a nil:
-// the next in the queue leads, and the observers hear HandedOver with no
-// Target (and Err). The empty to gives an error wrapping
-// ErrInvalidArgument, which Lead returns as f's error (the lock released,
-// nothing left behind). Outside Lead, it is an error like any other.
+// HandOver returns the error that f returns to end its Lead term and let
+// candidate to (a queued key as Inspect lists it, or WithIdentity's oldest
+// waiter; not its own) lead next, as long as its key lasts: Lead candidates
+// ahead give way (SteppedAside), a Mutex takes its turn, two f never run at
+// once. No such candidate, or no record put in 5 s: the term ends as a nil
+// does; refused: Lead releases, returns the refusal. "": ErrInvalidArgument.
 func HandOver(to string) error {
 	if to == "" {
 		return fmt.Errorf("%w: HandOver: no candidate named", ErrInvalidArgument)
@@ -236,24 +186,11 @@ func (e *termEnd) Error() string {
 
 type termKey struct{}
 
-// TermFrom returns the term count of the Lead whose f's context ctx derives
-// from, and false outside any: 1 for the first term of the lock's name, one
-// more for each term after, whichever process led it (client-go's
-// LeaderTransitions, counting the first), for as long as the count lasts.
-// The count is the Version of the key etcdlock.term.NAME ("/" and "%"
-// written %XX), which each new leader puts in a Txn guarded by its hold and
-// by the Version it read: a term counts once, even where a put is sent
-// again or applied late. The key is on a lease of its own (15 minutes),
-// which the leader keeps alive while its term lasts: it outlives the
-// leaders' Sessions, so a name led again within 10 minutes of its last
-// term's end (a failover, a restart) counts on, and one left without a
-// leader for 15 minutes starts again at 1, as where the lease or key is
-// deleted. Only Lead counts: a Mutex, concurrency.Mutex or etcdctl lock
-// holding the name in between adds nothing, and a candidate that steps
-// aside for a hand-over adds nothing. A term whose count was put, but
-// whose start then failed (etcd unreachable for 5 s), is counted without
-// running f. Where etcd refused Lead the key (permission denied), the term
-// is not counted, and TermFrom returns false.
+// TermFrom returns the term count of the Lead scope of ctx (false outside
+// one, or where etcd refuses Lead the count's key): 1, then one more for each
+// Lead term of the name in any process, each once (client-go's
+// LeaderTransitions, counting the first). A name led again within 10 minutes
+// of its last term counts on; one without a leader for 15 minutes starts at 1.
 func TermFrom(ctx context.Context) (int64, bool) {
 	n, ok := ctx.Value(termKey{}).(int64)
 	return n, ok

@@ -21,36 +21,17 @@ import (
 // guards in its Txn: etcd's default --max-txn-ops is 128.
 const maxLimitKeys = 120
 
-// SetLimit records limit as the limit of the semaphore called name: from the
-// revision it is written, every Semaphore of that name, made with any
-// limit, admits keys while their permits fit within it. Holders above a
-// lowered limit keep their permits: they are recorded as kept, and new
-// acquisitions wait until the permits held fit within the new limit. A
-// raised limit admits waiters at once. The Txn also puts the first waiters'
-// keys again, unchanged, so that they read the new record (it needs write
-// permission on name/ besides the record). A record written or deleted by
-// hand is not ordered with the waiters' view of the queue: a lower limit so
-// written may admit a waiter under the old one until it reads the record.
-//
-// It is a read and one Txn. A raise writes unless another SetLimit wrote in
-// between. A lowering writes only if the queue's holders are still those
-// read (the record keeps them), so on a queue that churns it reads again,
-// after a few milliseconds, until ctx ends: a lowering may need a quiet
-// moment, and a deadline of its caller's. The record has no lease: it stays
-// until deleted by hand, and deleting it gives the holders' own limit back
-// and takes no permit back, so that holders kept above that limit then
-// count as over it. Every holder must run a version that reads the record
-// (v1.1 or later), under a role that may read it: an older one, or one
-// whose role etcd refuses the record, counts with its own limit.
-//
-// It returns ErrInvalidName for the empty name; ErrInvalidArgument, wrapped,
-// for a nil context or client or a limit below 1, and for a lowering while
-// the holders and the first waiter are more than 120 keys (more than one
-// Txn can guard); ErrLimitMismatch, wrapped, when no limit is recorded and the queue's keys are not all
-// permits of one limit (a Mutex's, or Semaphores made with different
-// limits); etcd's error, or ctx's, wrapped, where the record may or may
-// not have been written (ReadLimit tells); etcd's "permission denied",
-// wrapped with the grants it needs, where etcd refused it.
+// SetLimit records limit for every Semaphore called name, whatever its own,
+// from the revision written: a raise admits at once; above a lowered limit
+// holders keep their permits and acquisitions wait. A lowering waits, within
+// ctx, for a moment the holders do not change (docs/design.md §4). The record
+// has no lease; deleting it restores the holders' own limit. A holder of a
+// version before v1.1, or whose role may not read the record, counts with
+// its own limit. Bad input, or a lowering over more than 120 keys:
+// ErrInvalidName or ErrInvalidArgument, wrapped; no record and mixed keys:
+// ErrLimitMismatch, wrapped; a refusal: permission denied, wrapped with the
+// grants it needs; else etcd's or ctx's error, wrapped, the record written
+// or not (ReadLimit tells).
 func SetLimit(ctx context.Context, client *clientv3.Client, name string, limit int) error {
 	if err := validateClient(ctx, client, name); err != nil {
 		return err
@@ -187,12 +168,9 @@ func oneLimit(name string, members []*mvccpb.KeyValue) (int, error) {
 	return first, nil
 }
 
-// ReadLimit returns the limit in force of the semaphore called name: its
-// record's (SetLimit), else the limit its keys were made with, else 0 (no
-// record, and no key: the next acquisition's own limit). With no record, a
-// key that is no permit's (a Mutex's) or permits of different limits are
-// ErrLimitMismatch, wrapped. It is one read, and writes nothing; it returns
-// Inspect's errors.
+// ReadLimit returns, in one read, the limit in force of the semaphore name:
+// its record's (SetLimit), else its keys' (ErrLimitMismatch, wrapped, if they
+// differ), else 0.
 func ReadLimit(ctx context.Context, client *clientv3.Client, name string) (int, error) {
 	if err := validateClient(ctx, client, name); err != nil {
 		return 0, err

@@ -14,11 +14,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// An Observer receives the Events of a Session, in order, one at a time,
-// from a goroutine of the Session, never on a lock's path: a slow Observer
-// delays only later events, and past 1,024 waiting events some are dropped
-// (EventsDropped). Close delivers those queued, then SessionClosed; Observe
-// may call Close, which then returns without waiting (docs/observability.md).
+// An Observer receives a Session's Events in order, one at a time, off the
+// locks' path: a slow one delays later events; past 1,024 waiting, some drop
+// (EventsDropped). Close delivers those queued, then SessionClosed; if Observe
+// calls Close, it does not wait.
 type Observer interface {
 	Observe(Event)
 }
@@ -78,14 +77,8 @@ const (
 // adapters (logs, metrics such as package etcdlock/prometheus, traces): a
 // lock's user needs none of it to lock.
 type Event struct {
-	Kind EventKind
-	// Context is the context of the lock call the event is about: for
-	// AcquireStarted and AcquireEnded, the call's; for HoldEnded and
-	// HoldLost, the call's that acquired the hold (a hand-off's, for a
-	// hold handed on). It carries the caller's trace, for a span of the
-	// call (package etcdlock/otel); it may have ended by the time the
-	// event is delivered. nil for the other kinds.
-	Context   context.Context
+	Kind      EventKind
+	Context   context.Context  // the lock call's (for HoldEnded and HoldLost, the acquiring call's), for traces; nil for other kinds
 	Time      time.Time        // when it happened
 	Lease     clientv3.LeaseID // the lease it happened on: the Session's, or WithRenewal the one of the hold or call
 	OldLease  clientv3.LeaseID // LeaseRenewed: the lease lost

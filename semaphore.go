@@ -12,20 +12,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A Semaphore lets holders of its name hold at most limit permits at once.
-// An acquisition takes one permit (Acquire) or n (AcquireN) in one key, first
-// come first served: a large acquisition at the head of the queue is not
-// overtaken by smaller ones behind it, so it never starves. A free permit
-// is never left idle while a waiter it admits waits: the waiters nearest the
-// head (up to 8) count their turn from the queue's events, with no read, and
-// one further back is woken by its predecessor (docs/design.md §4). Each acquisition is a Permit of its own (not
-// reentrant), with its own token: a resource must accept any current
-// holder's token.
-//
-// The limit in force is the one SetLimit last recorded for the name, and
-// else the limit every holder was made with (ErrLimitMismatch if they
-// differ). Holders above a lowered limit keep their permits; new
-// acquisitions wait until the holders fit within it.
+// A Semaphore lets its name's holders hold at most limit permits at once,
+// first come first served (a large acquisition is not overtaken), no permit
+// idle while a waiter it admits waits (docs/design.md §4). Each acquisition is
+// a Permit, not reentrant, with its own token. The limit is the one SetLimit
+// recorded, else every holder's own (ErrLimitMismatch if they differ).
 type Semaphore struct {
 	s         *Session
 	name      string
@@ -34,12 +25,10 @@ type Semaphore struct {
 	ruleCount atomic.Int32 // rules kept, about maxRules at most
 }
 
-// NewSemaphore returns a handle on the semaphore called name with at most
-// limit permits held at once while no limit is recorded for name (SetLimit),
-// as NewMutex does. Every holder of a name must use one limit
-// (ErrLimitMismatch) while none is recorded. Under a role that may not read
-// the record (etcdlock.limit.NAME), it counts with limit, as 1.0.0 did,
-// whatever is recorded (docs/design.md §4).
+// NewSemaphore returns a handle on the semaphore called name, of limit
+// permits while no limit is recorded (SetLimit; every holder then uses one
+// limit, or gets ErrLimitMismatch), as NewMutex does. Under a role that may
+// not read the record, it counts with limit whatever is recorded.
 func NewSemaphore(s *Session, name string, limit int) *Semaphore {
 	return &Semaphore{s: s, name: name, limit: limit}
 }
@@ -76,9 +65,7 @@ func (sem *Semaphore) Name() string {
 	return sem.name
 }
 
-// Limit returns the limit the semaphore was made with: the one in force
-// while no limit is recorded for its name (ReadLimit tells the one in
-// force).
+// Limit returns the limit sem was made with (ReadLimit: the one in force).
 func (sem *Semaphore) Limit() int {
 	if sem == nil {
 		return 0
@@ -91,24 +78,19 @@ func (sem *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	return sem.acquire(ctx, 1, waitForever)
 }
 
-// TryAcquire waits at most wait for a permit, as Mutex.TryLockFor does, and
-// returns ErrNoPermit where that returns (false, nil).
+// TryAcquire is Acquire waiting at most wait: ErrNoPermit for (false, nil).
 func (sem *Semaphore) TryAcquire(ctx context.Context, wait time.Duration) (*Permit, error) {
 	return sem.acquire(ctx, 1, max(wait, tryOnly))
 }
 
-// AcquireN waits for n permits, taken together in one key as
-// golang.org/x/sync/semaphore's Acquire(ctx, n) takes them: all of them or
-// none, never a part left behind; in turn, so that waiters behind it wait
-// for it even where they would fit. An n above the limit in force counts as
-// the whole limit: it waits until nobody holds, and then holds alone. n < 1
-// is ErrInvalidArgument.
+// AcquireN waits for n permits in one key, all or none, in turn (as x/sync's
+// semaphore: those behind wait even where they fit); n above the limit in
+// force holds alone. n < 1 is ErrInvalidArgument.
 func (sem *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 	return sem.acquire(ctx, n, waitForever)
 }
 
-// TryAcquireN waits at most wait for n permits, as AcquireN and TryAcquire
-// do; ErrNoPermit if they were not free in time.
+// TryAcquireN is AcquireN waiting at most wait, as TryAcquire.
 func (sem *Semaphore) TryAcquireN(ctx context.Context, n int, wait time.Duration) (*Permit, error) {
 	return sem.acquire(ctx, n, max(wait, tryOnly))
 }
@@ -155,8 +137,7 @@ type Permit struct {
 	n   int      // how many permits it holds
 }
 
-// Weight returns how many permits p holds: 1 from Acquire, n from
-// AcquireN; 0 for a nil Permit. It does not change when p is released.
+// Weight returns p's permits, 1 or AcquireN's n, even once released (nil: 0).
 func (p *Permit) Weight() int {
 	if p == nil {
 		return 0
@@ -164,8 +145,7 @@ func (p *Permit) Weight() int {
 	return p.n
 }
 
-// Release gives the permit back, as the last unlock of a Mutex does;
-// ErrNotHeld if it was released already, or is nil.
+// Release gives p back, as the last unlock; ErrNotHeld if nil or released.
 func (p *Permit) Release(ctx context.Context) error {
 	if p == nil {
 		return ErrNotHeld
@@ -198,8 +178,7 @@ func (p *Permit) Token() int64 {
 	return p.h.token()
 }
 
-// IsOwner returns a comparison for a clientv3 Txn that is true only while the
-// permit is held.
+// IsOwner returns a Txn comparison true only while the permit is held.
 func (p *Permit) IsOwner() clientv3.Cmp {
 	if p == nil {
 		return ownerCmp("", 0)

@@ -32,22 +32,10 @@ var errWatchEnded = errors.New("etcdlock: watch of the queue ended")
 // capped, expired): nobody waits behind it any more.
 var errHoldGone = errors.New("etcdlock: the hold's key is gone")
 
-// Waiting returns a channel closed once another acquisition (of any kind,
-// from any process or goroutine of another Session) waits in the lock's queue
-// behind this hold: for a MultiMutex's hold, in the queue of any of its
-// names. A holder may then finish early, or yield. It does not close when
-// the hold ends or is lost (select on Done too), nor once its key is gone,
-// nor for acquisitions of this Session (a Mutex's other goroutines wait in
-// this process without a key; an RWMutex's or a Semaphore's keys of this
-// Session are not counted). It says that one waited, not that one still
-// waits: a waiter may give up. The zero Hold's channel is nil: it never
-// closes.
-//
-// The first call starts a watch of the queue, from one read of it; no
-// polling: the queue is read again only after a put into it, or once per
-// TTL, as the loss watch reads the held keys, against a watch event etcd lost
-// (a lost event costs at most one TTL). Where etcd is unreachable the read
-// and watch are tried again.
+// Waiting returns a channel closed once an acquisition of another Session
+// waits behind this hold (a MultiMutex's: on any name), even if it gave up
+// since; not at the hold's end (select on Done too). One read, then a watch:
+// an event etcd lost delays it a TTL at most. The zero Hold's is nil.
 func (h Hold) Waiting() <-chan struct{} {
 	if h.h == nil {
 		return nil
@@ -55,8 +43,7 @@ func (h Hold) Waiting() <-chan struct{} {
 	return h.h.waiters()
 }
 
-// Waiting returns the channel Hold.Waiting returns, for this permit: closed
-// once another acquisition waits for a permit. A nil Permit's is nil.
+// Waiting returns Hold.Waiting's channel for p; nil for a nil Permit.
 func (p *Permit) Waiting() <-chan struct{} {
 	if p == nil {
 		return nil

@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"sync"
 
-	"go.opentelemetry.io/otel/attribute"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/etcdlock/etcdlock"
 )
