@@ -510,9 +510,9 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	defer cancel()
 	var left []clientv3.LeaseStatus
 	_ = waitUntil(lctx, func() bool {
-		leases, err := observer.Leases(lctx)
+		leases, err := sessionLeases(lctx, observer)
 		if err == nil {
-			left = leases.Leases
+			left = leases
 		}
 		return err == nil && len(left) == 0
 	})

@@ -26,6 +26,7 @@ import (
 
 	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
+	"github.com/etcdlock/etcdlock/internal/handover"
 )
 
 // The tests' etcd: servers, clients (intercepted, proxied, under a shared
@@ -468,4 +469,30 @@ func leaseAlive(t *testing.T, client *clientv3.Client, id clientv3.LeaseID) bool
 	t.Helper()
 	_, alive := leaseTTL(t, client, id)
 	return alive
+}
+
+// sessionLeases returns the leases in etcd but the term counts': Lead's
+// count of a name's terms is on a lease of its own, which outlives the
+// Sessions by design (docs/keys.md: lasting, 15 minutes), with the count's
+// key or, where its grant's reply was lost, none.
+func sessionLeases(ctx context.Context, c *clientv3.Client) ([]clientv3.LeaseStatus, error) {
+	leases, err := c.Leases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var left []clientv3.LeaseStatus
+	for _, l := range leases.Leases {
+		ttl, err := c.TimeToLive(ctx, l.ID, clientv3.WithAttachedKeys())
+		if err != nil {
+			return nil, err
+		}
+		count := ttl.GrantedTTL == int64(handover.CountTTL/time.Second)
+		for _, k := range ttl.Keys {
+			count = count && strings.Contains(string(k), handover.TermPrefix)
+		}
+		if !count {
+			left = append(left, l)
+		}
+	}
+	return left, nil
 }

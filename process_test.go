@@ -390,11 +390,11 @@ func runProcessChaos(t *testing.T, cfg processConfig) {
 	left := func() (int, int) {
 		lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		leases, err := observer.Leases(lctx)
+		leases, err := sessionLeases(lctx, observer)
 		if err != nil {
 			return -1, -1
 		}
-		return len(lockKeys(t, observer, r.name)), len(leases.Leases)
+		return len(lockKeys(t, observer, r.name)), len(leases)
 	}
 	deadline := time.Now().Add(2*cfg.ttl + testTimeout)
 	keysLeft, leasesLeft := left()
