@@ -14,7 +14,8 @@ import (
 )
 
 // BenchmarkLockUnlock: an uncontended lock and unlock on an in-process
-// etcd, without an observer and with this package's, making spans (kept in
+// etcd, without an observer, with one that does nothing (the cost of
+// delivering events), and with this package's, making spans (kept in
 // memory) and metrics (read by a manual reader) of every call:
 //
 //	go test -run '^$' -bench LockUnlock -count 10 ./otel | benchstat -col /observer -
@@ -33,6 +34,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 		opts []etcdlock.SessionOption
 	}{
 		{"observer=none", nil},
+		{"observer=noop", []etcdlock.SessionOption{etcdlock.WithObserver(etcdlock.ObserverFunc(func(etcdlock.Event) {}))}},
 		{"observer=otel", []etcdlock.SessionOption{etcdlock.WithObserver(etcdlockotel.New(etcdlockotel.WithTracerProvider(tp), etcdlockotel.WithMeterProvider(mp)))}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
