@@ -384,6 +384,25 @@ func wroteSince(t *testing.T, client *clientv3.Client, rev int64) []string {
 	}
 }
 
+// compactFirstRevision compacts etcd's first revision away, and no more, so
+// that a watch from revision 1 (failingWatches', a lagging seam's) fails as
+// compacted: the fault of a watch that cannot resume. It puts name+
+// "-compacted" first, so that etcd has a revision firstWrite to compact at. A
+// compaction is of the whole etcd: one at the current revision would take
+// the history that the watches and reads of the tests beside it, on a
+// shared etcd (ETCDTEST_ENDPOINTS), start from; revision 1 is none's. An
+// etcd compacted further already (by an earlier call, or its own
+// auto-compaction) is as good.
+func compactFirstRevision(t *testing.T, ctx context.Context, client *clientv3.Client, name string) {
+	t.Helper()
+	if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Compact(ctx, firstWrite); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		t.Fatalf("compact at revision %d: %v", firstWrite, err)
+	}
+}
+
 // revision returns etcd's current revision.
 func revision(t *testing.T, client *clientv3.Client) int64 {
 	t.Helper()

@@ -542,13 +542,7 @@ func TestFamilyWatchCompacted(t *testing.T) {
 		ctx, name := testContext(t), lockName(t)
 		holder := p.blocker(newSession(t, client), name)
 		mustLock(t, holder)
-		// Something to compact away: the watch from revision 1 fails.
-		if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := client.Compact(ctx, revision(t, client)); err != nil {
-			t.Fatal(err)
-		}
+		compactFirstRevision(t, ctx, client, name) // the watch from revision 1 fails
 		sm := newSeam(callWatch, faultLagging, 1)
 		sm.lagFrom = map[call]int64{callWatch: 1}
 		sm.enter(phaseAcquire, nil)
@@ -592,12 +586,7 @@ func TestWaitWatchKeepsFailing(t *testing.T) {
 			ctx, name := testContext(t), lockName(t)
 			holder := tc.holder(newSession(t, client), name)
 			mustLock(t, holder)
-			if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := client.Compact(ctx, revision(t, client)); err != nil {
-				t.Fatal(err)
-			}
+			compactFirstRevision(t, ctx, client, name)
 			prefix := serverPrefix(t, srv)
 			w := &failingWatches{fails: func(key string, from int64) bool { return tc.fails(strings.TrimPrefix(key, prefix), name, from) }}
 			wc := serverClient(t, srv, nil, w.intercept)

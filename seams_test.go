@@ -66,6 +66,12 @@ const (
 	faultRevoked fault = "revoked" // our lease is revoked just before the call
 )
 
+// firstWrite is the revision of etcd's first write, the oldest a watch can
+// start from and see it: compactFirstRevision, which makes watches from
+// revision 1 fail, keeps it, so that on a shared etcd (ETCDTEST_ENDPOINTS)
+// a lagging watch serves old events whether or not another test compacted.
+const firstWrite = 2
+
 // lateBy is how long after the caller gave up a late request is applied.
 const lateBy = time.Second
 
@@ -94,7 +100,8 @@ type seam struct {
 	// prefix, whether a holder's key begins with it): a watch of our own
 	// key is the wait's before, the loss watch's after.
 	holder func(key string, prefix bool) bool
-	// lagFrom is the revision a lagging member serves each watch from.
+	// lagFrom is the revision a lagging member serves each watch from:
+	// firstWrite for the oldest state.
 	lagFrom map[call]int64
 	// bump, if set, moves etcd's revision before the wait's watch is
 	// created, so that the watch starts after the read (the check).
