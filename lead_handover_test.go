@@ -321,11 +321,13 @@ func TestHandOver(t *testing.T) {
 			t.Errorf("HandedOver to nobody: Err %v, want none", e.Err)
 		}
 	}
-	// a, d, c, the next in the queue; and one more where a candidate led
-	// while the others were being stopped.
-	for n := int64(1); n <= max(4, int64(len(terms))); n++ {
+	// a, d, c, the next in the queue; then maybe more, where candidates
+	// led while the others were being stopped. Those may leave a gap: a
+	// candidate stopped as its term's count is put counts the term without
+	// starting it (TermFrom).
+	for n := int64(1); n <= 4; n++ {
 		if !terms[n] {
-			t.Errorf("TermStarted events: terms %v, want every term from 1, at least to 4", terms)
+			t.Errorf("TermStarted events: terms %v, want every term from 1 to 4", terms)
 			break
 		}
 	}

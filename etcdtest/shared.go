@@ -140,7 +140,10 @@ type Namespace struct {
 // What sharing costs: the tests share one server's revision counter, its
 // compaction and its load, so a test must not depend on revision numbers
 // being small or on another test's absence; a test that stops or breaks
-// its server (ProxiedClient, StartCluster) wants a server of its own.
+// its server (ProxiedClient, StartCluster) wants a server of its own, and
+// one that compacts takes the history that the others read and watch from
+// (compacting at revision 2 makes watches from revision 1 fail and takes
+// nothing that another test wrote).
 func Shared(tb testing.TB) *Namespace {
 	tb.Helper()
 	admin, err := shared.get()

@@ -78,7 +78,15 @@ run() {
     status=1
     if [ -z "${KEEP:-}" ]; then kept="$(mktemp -t "etcd-versions-$version.XXXXXX")"; cp "$out" "$kept"; out="$kept"; fi
     echo "== etcd $version: failures (output in $out)" >&2
-    grep -E -e '--- FAIL|_test\.go:[0-9]+:|panic:|^FAIL' "$out" >&2 || tail -40 "$out" >&2
+    if [ -n "${ALL:-}" ]; then
+      # The output of the failed tests, decoded from -json.
+      grep -o '"Action":"fail","Package":"[^"]*","Test":"[^"]*"' "$out" | sed 's/.*"Test":"//; s/"$//' | sort -u |
+        while read -r name; do grep -F "\"Test\":\"$name\"" "$out"; done |
+        sed -n 's/.*"Output":"\(.*\)"}$/\1/p' | grep -E -e '--- FAIL|_test\.go:[0-9]+:|panic:' |
+        while IFS= read -r line; do printf '%b' "$line"; done >&2 || tail -40 "$out" >&2
+    else
+      grep -E -e '--- FAIL|_test\.go:[0-9]+:|panic:|^FAIL' "$out" >&2 || tail -40 "$out" >&2
+    fi
   fi
   rows+=("| $label | $pass / $fail / $skip | ${secs}s |")
 }
