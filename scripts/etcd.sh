@@ -26,6 +26,14 @@ free_port() {
   done
 }
 
+# healthy PORT reports whether the etcd at 127.0.0.1:PORT says it is healthy
+# (bash alone: no curl needed).
+healthy() {
+  local body
+  body=$( (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && timeout 5 cat <&3) 2>/dev/null) || return 1
+  [[ $body == *'"health":"true"'* ]]
+}
+
 # etcd_install installs etcd-server if $ETCD is /usr/bin/etcd and missing.
 etcd_install() {
   [ -x "$ETCD" ] && return
@@ -63,7 +71,7 @@ etcd_start() {
     </dev/null >"$log" 2>&1 &
   etcd_pid=$!
   for _ in $(seq 300); do
-    curl -sf "$etcd_url/health" >/dev/null 2>&1 && return 0
+    healthy "$cport" && return 0
     kill -0 "$etcd_pid" 2>/dev/null || break
     sleep 0.1
   done
