@@ -128,7 +128,11 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 					}
 				}
 				released := make(chan error, 1)
-				var holderGoes atomic.Bool // set as the holder releases
+				// holderGoes is set as the holder releases; gate keeps it
+				// from being set while a Txn let through before it is in
+				// flight, which would see the holder gone and hold.
+				var holderGoes atomic.Bool
+				var gate sync.Mutex
 				var middles []*worker
 				if tc.release {
 					for range p.ahead {
@@ -144,7 +148,9 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 						}
 						// The holder, then the middle waiters, leave: we are
 						// woken by a release and read our place.
+						gate.Lock()
 						holderGoes.Store(true)
+						gate.Unlock()
 						err := holder.Release()
 						for _, m := range middles {
 							if err == nil {
@@ -170,10 +176,13 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 					// through, and the next Txn is the one.
 					cancelOnWake := act
 					act = func(ctx context.Context, invoke func() error) error {
+						gate.Lock()
 						if !holderGoes.Load() {
+							defer gate.Unlock()
 							fault.arm(0, 1, act)
 							return invoke()
 						}
+						gate.Unlock()
 						return cancelOnWake(ctx, invoke)
 					}
 				}
