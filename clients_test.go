@@ -331,11 +331,18 @@ func currentRevision(ctx context.Context, client *clientv3.Client) (int64, error
 	return resp.Header.Revision, nil
 }
 
-// wroteSince returns the keys written (put or deleted) in client's keyspace
-// after revision rev, up to now: on an external etcd, only under the test's
-// prefix, so that the writes of tests running beside it do not count. It
-// watches from rev+1 and asks for a progress report to know it has seen
-// everything up to now.
+// wroteSince returns the keys written (put or deleted) in the keyspace of
+// client, a client of startServer, after revision rev, up to now: on an
+// external etcd, only under the test's prefix, so that the writes of tests
+// running beside it do not count.
+//
+// It watches every key of etcd from rev+1, outside the client's prefix, and
+// knows it has seen everything up to now by the first event at now or
+// later: each revision is some write's. A progress report would not do:
+// before v3.4.24 and v3.5.8 etcd answers RequestProgress at once with its
+// current revision, even to a watch still catching up from an older one
+// (etcd-io/etcd#15220), so that on etcd 3.4.23 the writes came after the
+// report, and were missed.
 func wroteSince(t *testing.T, client *clientv3.Client, rev int64) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
@@ -347,31 +354,53 @@ func wroteSince(t *testing.T, client *clientv3.Client, rev int64) []string {
 	if now <= rev {
 		return nil
 	}
-	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer stop()
-	wch := client.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	prefix := ""
+	if srv, ok := servers.Load(client); ok {
+		prefix = serverPrefix(t, srv.(*etcdtest.Server))
+	} else if sharedEtcd() {
+		t.Fatal("wroteSince: the client is not one of startServer's, whose prefix it knows")
+	}
+	w := clientv3.NewWatcher(client) // on the client's connection, outside its prefix
+	defer w.Close()
+	wch := w.Watch(clientv3.WithRequireLeader(ctx), "", clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	var keys []string
 	for {
-		if err := client.RequestProgress(wctx); err != nil {
-			t.Fatalf("watch progress: %v", err)
-		}
 		select {
 		case wr, ok := <-wch:
 			if !ok || wr.Err() != nil {
 				t.Fatalf("watch from revision %d: %v", rev+1, wr.Err())
 			}
 			for _, ev := range wr.Events {
-				if ev.Kv.ModRevision <= now {
-					keys = append(keys, fmt.Sprintf("%s %q at %d", ev.Type, ev.Kv.Key, ev.Kv.ModRevision))
+				key, ours := strings.CutPrefix(string(ev.Kv.Key), prefix)
+				if ours && ev.Kv.ModRevision <= now {
+					keys = append(keys, fmt.Sprintf("%s %q at %d", ev.Type, key, ev.Kv.ModRevision))
 				}
 			}
-			if wr.Header.Revision >= now && (wr.IsProgressNotify() || len(wr.Events) > 0 && wr.Events[len(wr.Events)-1].Kv.ModRevision >= now) {
+			if n := len(wr.Events); n > 0 && wr.Events[n-1].Kv.ModRevision >= now {
 				return keys
 			}
-		case <-time.After(100 * time.Millisecond):
 		case <-ctx.Done():
-			t.Fatalf("watch from revision %d: no progress to %d within %v", rev+1, now, testTimeout)
+			t.Fatalf("watch from revision %d: no event at %d within %v", rev+1, now, testTimeout)
 		}
+	}
+}
+
+// compactFirstRevision compacts etcd's first revision away, and no more, so
+// that a watch from revision 1 (failingWatches', a lagging seam's) fails as
+// compacted: the fault of a watch that cannot resume. It puts name+
+// "-compacted" first, so that etcd has a revision firstWrite to compact at. A
+// compaction is of the whole etcd: one at the current revision would take
+// the history that the watches and reads of the tests beside it, on a
+// shared etcd (ETCDTEST_ENDPOINTS), start from; revision 1 is none's. An
+// etcd compacted further already (by an earlier call, or its own
+// auto-compaction) is as good.
+func compactFirstRevision(t *testing.T, ctx context.Context, client *clientv3.Client, name string) {
+	t.Helper()
+	if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Compact(ctx, firstWrite); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		t.Fatalf("compact at revision %d: %v", firstWrite, err)
 	}
 }
 

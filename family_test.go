@@ -128,7 +128,11 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 					}
 				}
 				released := make(chan error, 1)
-				var holderGoes atomic.Bool // set as the holder releases
+				// holderGoes is set as the holder releases; gate keeps it
+				// from being set while a Txn let through before it is in
+				// flight, which would see the holder gone and hold.
+				var holderGoes atomic.Bool
+				var gate sync.Mutex
 				var middles []*worker
 				if tc.release {
 					for range p.ahead {
@@ -144,7 +148,9 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 						}
 						// The holder, then the middle waiters, leave: we are
 						// woken by a release and read our place.
+						gate.Lock()
 						holderGoes.Store(true)
+						gate.Unlock()
 						err := holder.Release()
 						for _, m := range middles {
 							if err == nil {
@@ -170,10 +176,13 @@ func TestFamilyCancelAfterApply(t *testing.T) {
 					// through, and the next Txn is the one.
 					cancelOnWake := act
 					act = func(ctx context.Context, invoke func() error) error {
+						gate.Lock()
 						if !holderGoes.Load() {
+							defer gate.Unlock()
 							fault.arm(0, 1, act)
 							return invoke()
 						}
+						gate.Unlock()
 						return cancelOnWake(ctx, invoke)
 					}
 				}
@@ -542,13 +551,7 @@ func TestFamilyWatchCompacted(t *testing.T) {
 		ctx, name := testContext(t), lockName(t)
 		holder := p.blocker(newSession(t, client), name)
 		mustLock(t, holder)
-		// Something to compact away: the watch from revision 1 fails.
-		if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := client.Compact(ctx, revision(t, client)); err != nil {
-			t.Fatal(err)
-		}
+		compactFirstRevision(t, ctx, client, name) // the watch from revision 1 fails
 		sm := newSeam(callWatch, faultLagging, 1)
 		sm.lagFrom = map[call]int64{callWatch: 1}
 		sm.enter(phaseAcquire, nil)
@@ -592,12 +595,7 @@ func TestWaitWatchKeepsFailing(t *testing.T) {
 			ctx, name := testContext(t), lockName(t)
 			holder := tc.holder(newSession(t, client), name)
 			mustLock(t, holder)
-			if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := client.Compact(ctx, revision(t, client)); err != nil {
-				t.Fatal(err)
-			}
+			compactFirstRevision(t, ctx, client, name)
 			prefix := serverPrefix(t, srv)
 			w := &failingWatches{fails: func(key string, from int64) bool { return tc.fails(strings.TrimPrefix(key, prefix), name, from) }}
 			wc := serverClient(t, srv, nil, w.intercept)

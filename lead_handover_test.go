@@ -190,9 +190,17 @@ func TestStepDown(t *testing.T) {
 	d.end("a", etcdlock.StepDown(pause))
 	returned := time.Now()
 	eventually(t, "a's key gone", func() bool { return len(lockKeys(t, client, name)) == 0 })
-	for time.Since(returned) < pause-200*time.Millisecond {
-		if keys := lockKeys(t, client, name); len(keys) != 0 {
-			t.Fatalf("the queue %v after a stepped down for %v: got %q, want it empty", time.Since(returned), pause, keys)
+	// a's pause begins after d.end returns: a read that ends before the
+	// pause is over finds no key of a's. One that ends later proves nothing
+	// (on a loaded machine, a read begun in the pause may end after it).
+	for {
+		keys := lockKeys(t, client, name)
+		at := time.Since(returned)
+		if at >= pause {
+			break
+		}
+		if len(keys) != 0 {
+			t.Fatalf("the queue %v after a stepped down for %v: got %q, want it empty", at, pause, keys)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -332,11 +340,13 @@ func TestHandOver(t *testing.T) {
 			t.Errorf("HandedOver to nobody: Err %v, want none", e.Err)
 		}
 	}
-	// a, d, c, the next in the queue; and one more where a candidate led
-	// while the others were being stopped.
-	for n := int64(1); n <= max(4, int64(len(terms))); n++ {
+	// a, d, c, the next in the queue; then maybe more, where candidates
+	// led while the others were being stopped. Those may leave a gap: a
+	// candidate stopped as its term's count is put counts the term without
+	// starting it (TermFrom).
+	for n := int64(1); n <= 4; n++ {
 		if !terms[n] {
-			t.Errorf("TermStarted events: terms %v, want every term from 1, at least to 4", terms)
+			t.Errorf("TermStarted events: terms %v, want every term from 1 to 4", terms)
 			break
 		}
 	}

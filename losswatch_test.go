@@ -219,12 +219,7 @@ func TestLossWatchKeepsFailing(t *testing.T) {
 	testflags.Parallel(t)
 	srv, client := startServer(t)
 	ctx, name := testContext(t), lockName(t)
-	if _, err := client.Put(ctx, name+"-compacted", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Compact(ctx, revision(t, client)); err != nil {
-		t.Fatal(err)
-	}
+	compactFirstRevision(t, ctx, client, name)
 	prefix := serverPrefix(t, srv)
 	w := &failingWatches{fails: func(key string, _ int64) bool { return strings.HasPrefix(strings.TrimPrefix(key, prefix), name) }}
 	const ttl = 2 * time.Second

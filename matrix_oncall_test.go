@@ -69,7 +69,7 @@ func TestOnCallFaultMatrix(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%s", c.name, f), func(t *testing.T) {
 				t.Parallel()
 				oc := &oncallCase{t: t, srv: srv, healthy: healthy, name: lockName(t), sm: newSeam(c.seamAt, f, 1)}
-				oc.sm.lagFrom = map[call]int64{callOwnWatch: 1, callWatch: 1, callLimitWatch: 1}
+				oc.sm.lagFrom = map[call]int64{callOwnWatch: firstWrite, callWatch: firstWrite, callLimitWatch: firstWrite}
 				t.Cleanup(oc.sm.late.Wait)
 				c.run(oc)
 			})

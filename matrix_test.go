@@ -336,7 +336,7 @@ func (mc *matrixCase) run(srv *etcdtest.Server, healthy *clientv3.Client) {
 	// A member that lags serves the wait's watch from before H's earlier
 	// release (and after the actor's); the watches of our own key, from
 	// before the actor's earlier release.
-	mc.sm.lagFrom = map[call]int64{callWatch: revision(t, healthy) + 1, callOwnWatch: 1, callLossWatch: 1}
+	mc.sm.lagFrom = map[call]int64{callWatch: revision(t, healthy) + 1, callOwnWatch: firstWrite, callLossWatch: firstWrite}
 	h := mc.kind.blocker(newSession(t, healthy), mc.name)
 	mustLock(t, h)
 	if err := h.Unlock(ctx); err != nil {

@@ -9,7 +9,6 @@ import (
 	"context"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/etcdlock/etcdlock/internal/queue"
 )
 
 // A call is one kind of etcd call that a lock makes.
@@ -65,6 +66,12 @@ const (
 	faultRevoked fault = "revoked" // our lease is revoked just before the call
 )
 
+// firstWrite is the revision of etcd's first write, the oldest a watch can
+// start from and see it: compactFirstRevision, which makes watches from
+// revision 1 fail, keeps it, so that on a shared etcd (ETCDTEST_ENDPOINTS)
+// a lagging watch serves old events whether or not another test compacted.
+const firstWrite = 2
+
 // lateBy is how long after the caller gave up a late request is applied.
 const lateBy = time.Second
 
@@ -93,7 +100,8 @@ type seam struct {
 	// prefix, whether a holder's key begins with it): a watch of our own
 	// key is the wait's before, the loss watch's after.
 	holder func(key string, prefix bool) bool
-	// lagFrom is the revision a lagging member serves each watch from.
+	// lagFrom is the revision a lagging member serves each watch from:
+	// firstWrite for the oldest state.
 	lagFrom map[call]int64
 
 	mu sync.Mutex
@@ -176,8 +184,13 @@ func (s *seam) granted() []clientv3.LeaseID {
 	return append([]clientv3.LeaseID(nil), s.leases...)
 }
 
-// limitRecordPrefix begins the key of a Semaphore's limit record.
-const limitRecordPrefix = "etcdlock.limit."
+// isLimitRecord reports whether key, as a client sent it, is a Semaphore's
+// limit record. On an external etcd (ETCDTEST_ENDPOINTS) the client's
+// prefix, which ends in "/", comes first; the record's own key has no "/"
+// (queue.RecordName escapes the name's), so it is the key's last segment.
+func isLimitRecord(key []byte) bool {
+	return bytes.HasPrefix(key[bytes.LastIndexByte(key, '/')+1:], []byte(queue.LimitRecordPrefix))
+}
 
 // classify names a unary call by its request's shape.
 func classify(method string, req any) (call, bool) {
@@ -206,9 +219,9 @@ func classify(method string, req any) (call, bool) {
 	limitRead := false
 	for _, op := range txn.Success {
 		switch {
-		case op.GetRequestPut() != nil && strings.HasPrefix(string(op.GetRequestPut().Key), limitRecordPrefix):
+		case op.GetRequestPut() != nil && isLimitRecord(op.GetRequestPut().Key):
 			return callSetLimit, true
-		case op.GetRequestRange() != nil && strings.HasPrefix(string(op.GetRequestRange().Key), limitRecordPrefix):
+		case op.GetRequestRange() != nil && isLimitRecord(op.GetRequestRange().Key):
 			limitRead = true
 		}
 		switch {
@@ -447,7 +460,7 @@ func (w *seamWatch) SendMsg(m any) error {
 	}
 	c := callOwnWatch
 	switch {
-	case strings.HasPrefix(string(cr.Key), limitRecordPrefix):
+	case isLimitRecord(cr.Key):
 		c = callLimitWatch
 	case w.s.holder != nil && !w.s.inSetup() && w.s.holder(string(cr.Key), lossRange(cr)):
 		c = callLossWatch

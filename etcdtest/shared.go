@@ -140,7 +140,10 @@ type Namespace struct {
 // What sharing costs: the tests share one server's revision counter, its
 // compaction and its load, so a test must not depend on revision numbers
 // being small or on another test's absence; a test that stops or breaks
-// its server (ProxiedClient, StartCluster) wants a server of its own.
+// its server (ProxiedClient, StartCluster) wants a server of its own, and
+// one that compacts takes the history that the others read and watch from
+// (compacting at revision 2 makes watches from revision 1 fail and takes
+// nothing that another test wrote).
 func Shared(tb testing.TB) *Namespace {
 	tb.Helper()
 	admin, err := shared.get()
@@ -167,9 +170,34 @@ func Shared(tb testing.TB) *Namespace {
 func namespaced(c *clientv3.Client, prefix string) (*Namespace, *leaseRecord) {
 	leases := &leaseRecord{Lease: namespace.NewLease(c.Lease, prefix), ids: map[clientv3.LeaseID]struct{}{}}
 	c.KV = namespace.NewKV(c.KV, prefix)
-	c.Watcher = namespace.NewWatcher(c.Watcher, prefix)
+	c.Watcher = &watchGuard{Watcher: namespace.NewWatcher(c.Watcher, prefix), raw: c.Watcher}
 	c.Lease = leases
 	return &Namespace{Client: c, Prefix: prefix}, leases
+}
+
+// watchGuard keeps a namespace Watcher's Close from running beside its
+// Watch. The namespace package's Watch adds to a sync.WaitGroup that its
+// Close waits on, a data race when a client is closed while code that uses
+// it opens a watch (a test's crashed process, a Session's loss watch). Close
+// first closes the raw Watcher, so that a Watch waiting for its watch to be
+// created returns, then waits for the calls of Watch in progress.
+type watchGuard struct {
+	clientv3.Watcher                  // the namespace's
+	raw              clientv3.Watcher // the one it wraps
+	mu               sync.RWMutex     // held by Watch for reading, by Close
+}
+
+func (w *watchGuard) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.Watcher.Watch(ctx, key, opts...)
+}
+
+func (w *watchGuard) Close() error {
+	err := w.raw.Close()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return errors.Join(err, w.Watcher.Close())
 }
 
 // clear revokes the namespace's leases and deletes its keys through admin,

@@ -1,9 +1,9 @@
 package etcdtest_test
 
 import (
-	"time"
-
+	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -121,5 +121,32 @@ func TestSharedPrefixes(t *testing.T) {
 	}
 	if len(resp.Kvs) != 0 {
 		t.Fatalf("get k in another namespace: got %v, want nothing", resp.Kvs)
+	}
+}
+
+// TestSharedCloseWhileWatching closes a Namespace's client while other
+// goroutines open watches on it, as a test closes the client of a process
+// it makes crash while that process's Session opens a watch: with -race,
+// the namespace package's Watch and Close (a WaitGroup's Add and Wait) are
+// a data race unless the Namespace keeps them apart. Each goroutine's watch
+// ends with the Close; the 50 it opens after end at once.
+func TestSharedCloseWhileWatching(t *testing.T) {
+	ns := etcdtest.Shared(t)
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range 4 {
+		wg.Go(func() {
+			for range ns.Client.Watch(ctx, "key") {
+			}
+			for range 50 {
+				for range ns.Client.Watch(ctx, "key") {
+				}
+			}
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := ns.Client.Close(); err != nil {
+		t.Fatalf("close: got %v, want nil", err)
 	}
 }

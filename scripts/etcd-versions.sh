@@ -7,35 +7,36 @@
 # package's tests against it through ETCDTEST_ENDPOINTS, then prints a table.
 # First, if there is one, the same against an etcd binary of the system's as
 # the floor (ETCD, /usr/bin/etcd unless set; ETCD= to leave it out), such as
-# Debian's etcd-server 3.4.23.
+# Debian's etcd-server 3.4.23, started as scripts/etcd.sh starts it.
 #
-#   scripts/etcd-versions.sh              # about 1 minute a version
+#   scripts/etcd-versions.sh              # about 15 s a version, and the builds
+#   ALL=1 scripts/etcd-versions.sh        # the whole quick suite, go test ./...: about 1 minute a version
 #   UPDATE=1 scripts/etcd-versions.sh     # first move each module to the latest v3.N.x
 #   KEEP=/tmp/logs scripts/etcd-versions.sh   # keep each version's test output there
 #
-# The subset: tests that run on etcdtest's (namespaced) clients. Left out are
-# tests that dial Endpoints() themselves or inject faults in front of etcd
-# (they read or write keys outside the namespace, or need a proxy of their
-# own); tests needing an embedded etcd skip by themselves. Not part of .ci/run:
-# too slow for its budget. Exit status 1 if any version failed a test.
+# The subset: the family's guarantees, of the root package. With ALL=1, the
+# quick suite of every package, as .ci/run runs it against Debian's
+# etcd-server (and counts its top-level tests over all packages); tests that
+# need an etcd of their own (auth on, member kills, etcdlock as a process)
+# skip by themselves, saying why. Not part of .ci/run: too slow for its
+# budget. Exit status 1 if any version failed a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/etcd.sh
 
 RUN='TestFamily|TestMutex|TestRWMutex|TestSemaphore|TestInspect|TestDo|TestLead|TestNamespacedLocks'
-ETCD="${ETCD-/usr/bin/etcd}"
-SKIP='^(TestRWMutexNoHerd|TestSemaphoreNoHerd|TestSemaphoreCrashedHolder|TestFamilyCancelAfterApply|TestLeadReportsSessionFailures)$'
 
 tmp="$(mktemp -d -t etcd-versions.XXXXXX)"
 logs="${KEEP:-$tmp}"
 mkdir -p "$logs"
-child=""
+etcd_pid=""
 cleanup() {
-  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null || true; wait "$child" 2>/dev/null || true; fi
+  etcd_stop || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-go test -c -o "$tmp/etcdlock.test" .
+if [ -z "${ALL:-}" ]; then go test -c -o "$tmp/etcdlock.test" .; fi
 
 rows=()
 status=0
@@ -43,63 +44,58 @@ status=0
 # run VERSION URL [LABEL]: runs the tests against the child etcd at URL,
 # stops it, and adds a row for VERSION (or LABEL).
 run() {
-  local version="$1" url="$2" label="${3:-$1}" out="$logs/test-$1.txt" start secs pass fail skip kept rc
+  local version="$1" url="$2" label="${3:-$1}" out="$logs/test-$1.txt" start secs pass fail skip kept trc=0
   echo "== etcd $version at $url" >&2
   start=$(date +%s)
-  ETCDTEST_ENDPOINTS="$url" "$tmp/etcdlock.test" -test.run "$RUN" -test.skip "$SKIP" \
-    -test.v -test.count 1 -test.timeout 10m >"$out" 2>&1 || status=1
+  if [ -n "${ALL:-}" ]; then
+    ETCDTEST_ENDPOINTS="$url" go test -count=1 -json -timeout 10m ./... >"$out" 2>&1 || trc=$?
+  else
+    ETCDTEST_ENDPOINTS="$url" "$tmp/etcdlock.test" -test.run "$RUN" \
+      -test.v -test.count 1 -test.timeout 10m >"$out" 2>&1 || trc=$?
+  fi
   secs=$(( $(date +%s) - start ))
 
-  # etcd's own binary re-raises SIGTERM once it has stopped: status 143.
-  kill -TERM "$child"
-  rc=0
-  wait "$child" || rc=$?
-  child=""
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ]; then
-    echo "etcd $version did not exit cleanly (status $rc):" >&2
+  if ! etcd_stop; then
+    echo "etcd $version did not exit cleanly:" >&2
     cat "$logs/etcd-$version.log" >&2
     status=1
   fi
 
-  # Top-level tests only: their result lines are not indented.
-  pass=$(grep -c '^--- PASS' "$out" || true)
-  fail=$(grep -c '^--- FAIL' "$out" || true)
-  skip=$(grep -c '^--- SKIP' "$out" || true)
-  if [ "$fail" -gt 0 ] || ! grep -q '^PASS$' "$out"; then
+  # Top-level tests only: with -json, the result lines whose test name has
+  # no "/"; else, those not indented.
+  if [ -n "${ALL:-}" ]; then
+    local top='"Package":"[^"]*","Test":"[^"/]*",'
+    pass=$(grep -c "\"Action\":\"pass\",$top" "$out" || true)
+    fail=$(grep -c "\"Action\":\"fail\",$top" "$out" || true)
+    skip=$(grep -c "\"Action\":\"skip\",$top" "$out" || true)
+  else
+    pass=$(grep -c '^--- PASS' "$out" || true)
+    fail=$(grep -c '^--- FAIL' "$out" || true)
+    skip=$(grep -c '^--- SKIP' "$out" || true)
+  fi
+  if [ "$fail" -gt 0 ] || [ "$trc" -ne 0 ]; then
     status=1
     if [ -z "${KEEP:-}" ]; then kept="$(mktemp -t "etcd-versions-$version.XXXXXX")"; cp "$out" "$kept"; out="$kept"; fi
     echo "== etcd $version: failures (output in $out)" >&2
-    grep -E '^\s*--- FAIL|_test\.go:[0-9]+:|^panic|^FAIL' "$out" >&2 || tail -40 "$out" >&2
+    if [ -n "${ALL:-}" ]; then
+      # The output of the failed tests, decoded from -json.
+      grep -o '"Action":"fail","Package":"[^"]*","Test":"[^"]*"' "$out" | sed 's/.*"Test":"//; s/"$//' | sort -u |
+        while read -r name; do grep -F "\"Test\":\"$name\"" "$out"; done |
+        sed -n 's/.*"Output":"\(.*\)"}$/\1/p' | grep -E -e '--- FAIL|_test\.go:[0-9]+:|panic:' |
+        while IFS= read -r line; do printf '%b' "$line"; done >&2 || tail -40 "$out" >&2
+    else
+      grep -E -e '--- FAIL|_test\.go:[0-9]+:|panic:|^FAIL' "$out" >&2 || tail -40 "$out" >&2
+    fi
   fi
   rows+=("| $label | $pass / $fail / $skip | ${secs}s |")
-}
-
-# A port nothing listens on (a race with other programs is possible).
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 40000))
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
 }
 
 # The floor: an etcd binary of the system's, such as Debian's etcd-server
 # (3.4.23), if there is one.
 if [ -n "$ETCD" ] && [ -x "$ETCD" ]; then
   version="$("$ETCD" --version | sed -n 's/^etcd Version: */v/p')"
-  cport=$(free_port) pport=$(free_port)
-  url="http://127.0.0.1:$cport" peer="http://127.0.0.1:$pport"
-  "$ETCD" --data-dir "$tmp/data" --listen-client-urls "$url" --advertise-client-urls "$url" \
-    --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
-    --initial-cluster "default=$peer" --logger zap --log-level error \
-    >"$logs/etcd-$version.log" 2>&1 &
-  child=$!
-  for _ in $(seq 600); do
-    curl -sf "$url/health" >/dev/null 2>&1 && break
-    kill -0 "$child" 2>/dev/null || { echo "$ETCD did not start:" >&2; cat "$logs/etcd-$version.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  run "$version" "$url" "$version ($ETCD)"
+  etcd_start "$tmp/data" "$logs/etcd-$version.log"
+  run "$version" "$etcd_url" "$version ($ETCD)"
 fi
 
 for dir in scripts/etcdserver/v*/; do
@@ -122,10 +118,10 @@ for dir in scripts/etcdserver/v*/; do
   (cd "$mod" && go build -o "$tmp/etcd-$version" .)
 
   "$tmp/etcd-$version" >"$tmp/url" 2>"$logs/etcd-$version.log" &
-  child=$!
+  etcd_pid=$!
   for _ in $(seq 600); do
     [ -s "$tmp/url" ] && break
-    kill -0 "$child" 2>/dev/null || { echo "etcd $version did not start:" >&2; cat "$logs/etcd-$version.log" >&2; exit 1; }
+    kill -0 "$etcd_pid" 2>/dev/null || { echo "etcd $version did not start:" >&2; cat "$logs/etcd-$version.log" >&2; exit 1; }
     sleep 0.1
   done
   run "$version" "$(head -1 "$tmp/url")"
