@@ -366,6 +366,10 @@ func (w *world) setWrites(on bool) {
 	perm := clientv3.PermissionType(clientv3.PermRead)
 	if on {
 		perm = clientv3.PermissionType(clientv3.PermReadWrite)
+	} else {
+		// Odd before the first revoke: a call that starts while the role
+		// loses its writes is not judged as one under every permission.
+		w.writeEpoch.Add(1)
 	}
 	for _, p := range w.permissions(perm) {
 		if _, err := w.root.RoleRevokePermission(ctx, w.role, p.key, p.end); err != nil {
@@ -376,7 +380,9 @@ func (w *world) setWrites(on bool) {
 		}
 	}
 	w.writes = on
-	w.writeEpoch.Add(1)
+	if on {
+		w.writeEpoch.Add(1) // even once every grant is in
+	}
 }
 
 // permissions are the role's, as README gives them for the sequence's

@@ -567,3 +567,73 @@ func TestSemaphoreWithoutLimitRecord(t *testing.T) {
 	release(t, third)
 	release(t, admitted(t, d))
 }
+
+// TestRoleRegranted: a role refused the fence key and the limit record for
+// a while (an operator changing its grants) gets them back: a Session's
+// acquisitions go without them while refused, and compare the fence and
+// read the record again a TTL after the grants came back, on the same
+// Session. Judged by the Txns etcd is sent.
+func TestRoleRegranted(t *testing.T) {
+	testflags.Parallel(t)
+	name := "regrant/" + t.Name()
+	rw, ro := clientv3.PermissionType(clientv3.PermReadWrite), clientv3.PermissionType(clientv3.PermRead)
+	fencePerm, recordPerm := prefixPermission("etcdlock.fence.", rw), permission{queue.LimitKey(name), "", ro}
+	env := authServer(t, prefixPermission(name+"/", rw), fencePerm, recordPerm)
+	var mu sync.Mutex
+	var fenced, recorded bool // the last acquisition's Txn compared the fence, read the record
+	watch := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if txn, ok := req.(*pb.TxnRequest); ok && len(txn.Success) > 0 && txn.Success[0].GetRequestPut() != nil {
+			mu.Lock()
+			fenced, recorded = false, false
+			for _, c := range txn.Compare {
+				fenced = fenced || strings.HasPrefix(string(c.Key), "etcdlock.fence.")
+			}
+			for _, op := range txn.Success {
+				if r := op.GetRequestRange(); r != nil && string(r.Key) == queue.LimitKey(name) {
+					recorded = true
+				}
+			}
+			mu.Unlock()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: env.user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: "locker", Password: "lockerpw",
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(watch)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const ttl = 2 * time.Second
+	sem := etcdlock.NewSemaphore(newSession(t, c, etcdlock.WithTTL(ttl)), name, 2)
+	ctx := testContext(t)
+	acquire := func(want bool, when string) {
+		t.Helper()
+		p, err := sem.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("%s: Acquire: %v", when, err)
+		}
+		release(t, p)
+		mu.Lock()
+		defer mu.Unlock()
+		if fenced != want || recorded != want {
+			t.Errorf("%s: the acquisition compared the fence %v, read the record %v; want %v", when, fenced, recorded, want)
+		}
+	}
+	acquire(true, "granted")
+	for _, p := range []permission{fencePerm, recordPerm} {
+		if _, err := env.root.RoleRevokePermission(ctx, env.role, p.key, p.end); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acquire(false, "refused")
+	for _, p := range []permission{fencePerm, recordPerm} {
+		if _, err := env.root.RoleGrantPermission(ctx, env.role, p.key, p.end, p.perm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(ttl)
+	acquire(true, "granted again, a TTL on")
+}

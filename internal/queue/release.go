@@ -86,12 +86,12 @@ func (t *Ticket) Delete(ctx context.Context) (bool, error) {
 // lease goes without the fence from then on (role.go): a put applied after
 // that read is not stopped.
 func (t *Ticket) fence(ctx context.Context) (bool, error) {
-	fenced := !t.c.fenceOff.Load()
+	fenced := !t.c.fenceOff.recent(t.c.TTL)
 	found, err := t.settle(ctx, fenced)
 	if !fenced || !errors.Is(err, rpctypes.ErrPermissionDenied) || !t.fenceRefused(ctx) {
 		return found, err
 	}
-	t.c.fenceOff.Store(true)
+	t.c.fenceOff.now()
 	return t.settle(ctx, false)
 }
 

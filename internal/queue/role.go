@@ -31,17 +31,19 @@ import (
 //     that may not read it counts with the limit its Semaphore was made
 //     with, and refuses an older key of another limit.
 //
-// Each is found refused at most once (a lease's fence, a rule's record),
-// by the refusal of a Txn that read or wrote it: one read of it, or a Txn
-// that may put it and our key but applies nothing, then tells whether it
-// was the one refused. A refused Txn was not applied, so it is sent again
-// without it.
+// Each is found refused (a lease's fence, a rule's record) by the refusal
+// of a Txn that read or wrote it: one read of it, or a Txn that may put it
+// and our key but applies nothing, then tells whether it was the one
+// refused. A refused Txn was not applied, so it is sent again without it.
+// The lease and the rule go without it for a TTL, then try it again: a
+// refusal while an operator changes the role's grants does not take the
+// fence, or a recorded limit, away for good.
 
 // narrow is told that etcd refused a Txn of the ticket with err (the Txn
 // read the fence where fenced). Where err is "permission denied", it reads
 // the fence and the ticket's limit records, all in one Txn and, if that is
 // refused, each alone: those the role may not read the lease and the rules
-// go without from then on. It reports whether it found one, so that the
+// go without for a TTL. It reports whether it found one, so that the
 // refused Txn, sent again without, may succeed; false otherwise, and for
 // any other error.
 func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
@@ -78,7 +80,7 @@ func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
 	found := false
 	if fence {
 		if t.c.refuses(ctx, t.c.FenceKey) {
-			t.c.fenceOff.Store(true)
+			t.c.fenceOff.now()
 			found = true
 		} else {
 			t.c.fenceRead.now()
@@ -89,7 +91,7 @@ func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
 			m.rule.recordRead.now()
 			continue
 		}
-		m.rule.recordOff.Store(true)
+		m.rule.recordOff.now()
 		m.rule = m.rule.bare
 		found = true
 	}

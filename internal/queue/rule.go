@@ -3,6 +3,7 @@ package queue
 import (
 	"strings"
 	"sync/atomic"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -35,10 +36,10 @@ type Rule struct {
 	// and for a semaphore's bare rule.
 	limitKey string
 	// bare is a semaphore's rule without its limit record, for a role that
-	// may not read it (role.go); recordOff: etcd refused the record to the
-	// role, so that tickets take bare.
+	// may not read it (role.go); recordOff: when etcd last refused the
+	// record to the role, so that tickets take bare for a TTL after.
 	bare       *Rule
-	recordOff  atomic.Bool
+	recordOff  readAt
 	recordRead readAt // the role was last found to read the record
 	// accept returns the error, never nil, of an older key's value that is
 	// no permit's, or that carries another limit while no record says the
@@ -82,10 +83,11 @@ func Semaphore(name string, limit, weight int, accept func(value []byte) error) 
 // "/", included.
 func PrefixOf(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
 
-// use returns the rule a new ticket takes: r, or its bare rule once etcd
-// refused r's limit record to the role.
-func (r *Rule) use() *Rule {
-	if r.recordOff.Load() {
+// use returns the rule a new ticket takes: r, or its bare rule within ttl
+// of etcd's refusal of r's limit record to the role (a grant given back is
+// used from the next ticket a TTL on).
+func (r *Rule) use(ttl time.Duration) *Rule {
+	if r.recordOff.recent(ttl) {
 		return r.bare
 	}
 	return r

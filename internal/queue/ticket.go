@@ -86,7 +86,7 @@ type Conn struct {
 	FenceKey string
 
 	fenceRev  atomic.Int64 // the fence's mod revision, as last seen; 0 while it is absent
-	fenceOff  atomic.Bool  // etcd refused the fence to the client's role: go without it
+	fenceOff  readAt       // when etcd last refused the fence to the client's role: go without it for a TTL
 	fenceRead readAt       // the role was last found to read the fence (role.go)
 }
 
@@ -169,7 +169,7 @@ const (
 // NewTicket returns a ticket for key, with value, in the queue of rule r.
 // Until the ticket ends, no other ticket of the lease may use key.
 func NewTicket(c *Conn, r *Rule, key, value string) *Ticket {
-	t := &Ticket{c: c, rule: r.use(), key: key, value: value, known: &known{}}
+	t := &Ticket{c: c, rule: r.use(c.TTL), key: key, value: value, known: &known{}}
 	t.group = []*Ticket{t}
 	return t
 }
@@ -190,7 +190,7 @@ type Slot struct {
 func NewGroup(c *Conn, slots ...Slot) *Ticket {
 	k := &known{group: make([]*Ticket, len(slots))}
 	for i, sl := range slots {
-		k.group[i] = &Ticket{c: c, rule: sl.Rule.use(), key: sl.Key, value: sl.Value, known: k}
+		k.group[i] = &Ticket{c: c, rule: sl.Rule.use(c.TTL), key: sl.Key, value: sl.Value, known: k}
 	}
 	return k.group[0]
 }
@@ -198,7 +198,7 @@ func NewGroup(c *Conn, slots ...Slot) *Ticket {
 // Held returns a ticket for key, known to be in etcd with create revision
 // rev: its delete is fenced on rev.
 func Held(c *Conn, r *Rule, key string, rev int64) *Ticket {
-	t := &Ticket{c: c, rule: r.use(), key: key, known: &known{state: keyPut, rev: rev}}
+	t := &Ticket{c: c, rule: r.use(c.TTL), key: key, known: &known{state: keyPut, rev: rev}}
 	t.group = []*Ticket{t}
 	return t
 }
@@ -419,7 +419,7 @@ func (t *Ticket) enqueue(ctx context.Context) ([]place, error) {
 	defer cancel()
 	var ps []place
 	for moved := true; moved; {
-		fence, fenced := t.c.fenceRev.Load(), !t.c.fenceOff.Load()
+		fence, fenced := t.c.fenceRev.Load(), !t.c.fenceOff.recent(t.c.TTL)
 		mine := make([]clientv3.Op, len(t.group), len(t.group)+1)
 		for i, m := range t.group {
 			mine[i] = clientv3.OpGet(m.key)
@@ -485,7 +485,7 @@ func (t *Ticket) try(ctx context.Context) (ps []place, err error) {
 	}
 	for ; ; readFirst = false {
 		txn := t.c.KV.Txn(rctx)
-		fence, fenced := t.c.fenceRev.Load(), !t.c.fenceOff.Load()
+		fence, fenced := t.c.fenceRev.Load(), !t.c.fenceOff.recent(t.c.TTL)
 		var blockers []clientv3.Op
 		for _, m := range t.group {
 			blockers = append(blockers, m.blockers()...)
