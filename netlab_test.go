@@ -40,8 +40,9 @@ const (
 type netLab struct {
 	dir    string // the members' data and logs
 	lock   *os.File
-	obsNS  *os.File // the observer's namespace, for dialer
-	hostNS *os.File // the test process's own
+	obsNS  int            // the observer's namespace (a descriptor), for dialer
+	hostNS int            // the test process's own
+	dials  sync.WaitGroup // dialer's
 
 	mu      sync.Mutex
 	spaces  []string    // namespaces made
@@ -139,7 +140,7 @@ func newNetLab(t *testing.T) *netLab {
 	if err := sweepNet(); err != nil {
 		t.Logf("sweep of an earlier run: %v", err)
 	}
-	l := &netLab{lock: lock, stopSig: make(chan os.Signal, 1), sigDone: make(chan struct{})}
+	l := &netLab{lock: lock, obsNS: -1, hostNS: -1, stopSig: make(chan os.Signal, 1), sigDone: make(chan struct{})}
 	signal.Notify(l.stopSig, syscall.SIGINT, syscall.SIGTERM)
 	go l.trap()
 	t.Cleanup(l.cleanup)
@@ -150,11 +151,11 @@ func newNetLab(t *testing.T) *netLab {
 	l.fatal(t, l.netns(br))
 	l.fatal(t, run("ip", "-n", br, "link", "add", "br0", "type", "bridge"))
 	l.fatal(t, run("ip", "-n", br, "link", "set", "br0", "up"))
-	if l.hostNS, err = os.Open("/proc/self/ns/net"); err != nil {
+	if l.hostNS, err = unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		t.Fatal(err)
 	}
 	obs := l.host(t, "obs", 254)
-	if l.obsNS, err = os.Open("/run/netns/" + obs); err != nil {
+	if l.obsNS, err = unix.Open("/run/netns/"+obs, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		t.Fatal(err)
 	}
 	return l
@@ -242,9 +243,10 @@ func (l *netLab) cleanup() {
 			fmt.Fprintln(os.Stderr, err)
 		}
 	}
-	for _, f := range []*os.File{l.obsNS, l.hostNS} {
-		if f != nil {
-			f.Close()
+	l.dials.Wait()
+	for _, fd := range []int{l.obsNS, l.hostNS} {
+		if fd >= 0 {
+			unix.Close(fd)
 		}
 	}
 	if l.dir != "" {
@@ -268,19 +270,19 @@ func (l *netLab) dialer(ctx context.Context, addr string) (net.Conn, error) {
 		err error
 	}
 	ch := make(chan dialed, 1)
-	go func() {
+	l.dials.Go(func() { // cleanup waits for it
 		runtime.LockOSThread()
-		if err := unix.Setns(int(l.obsNS.Fd()), unix.CLONE_NEWNET); err != nil {
+		if err := unix.Setns(l.obsNS, unix.CLONE_NEWNET); err != nil {
 			ch <- dialed{err: fmt.Errorf("setns: %w", err)}
 			return
 		}
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)
-		ch <- dialed{c, err}
-		if unix.Setns(int(l.hostNS.Fd()), unix.CLONE_NEWNET) == nil {
+		if unix.Setns(l.hostNS, unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		}
-	}()
+		ch <- dialed{c, err}
+	})
 	r := <-ch
 	return r.c, r.err
 }
