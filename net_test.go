@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,10 +21,11 @@ import (
 //
 //   - partition: a holder cut off from every member just before a write
 //     (nft drops its packets both ways), for TTL + 1.5 s;
-//   - minority partition, leader isolated: a follower, or the leader, cut
-//     off from every other host, for 2 TTL to 3 TTL;
-//   - bridge partition: members 0 and 2 cut from each other, 1 reaching
-//     both (non-transitive), for as long;
+//   - minority partition, leader isolated: (n-1)/2 followers, or the
+//     leader, cut off from every other host, for 2 TTL to 3 TTL;
+//   - bridge partition: the lower and the upper half of the members cut
+//     from each other, the middle one reaching both (non-transitive), for
+//     as long;
 //   - loss 30%, duplicate 50%: of the leader's outgoing packets, at random
 //     (nft), for as long;
 //   - slow link: the leader's outgoing traffic limited to 200 kbit/s (tc
@@ -47,7 +49,7 @@ import (
 //
 // runs 1 minute of faults per kind of lock (ETCDLOCK_NET_KINDS, default
 // mutex; comma-separated names of kinds) as root, on /usr/bin/etcd
-// (ETCDLOCK_NET_ETCD). ETCDLOCK_NET_UNFENCED=1 turns the holders' fencing
+// (ETCDLOCK_NET_ETCD), with 3 members (ETCDLOCK_NET_MEMBERS: 3 to 9). ETCDLOCK_NET_UNFENCED=1 turns the holders' fencing
 // off: the run then must find lost writes or an illegal history.
 const netEnv = "ETCDLOCK_NET"
 
@@ -78,6 +80,12 @@ func TestNet(t *testing.T) {
 		t.Fatalf("%s --version: %v", bin, err)
 	}
 	t.Logf("%s: %s", bin, strings.SplitN(string(version), "\n", 2)[0])
+	members := 3
+	if v := os.Getenv("ETCDLOCK_NET_MEMBERS"); v != "" {
+		if members, err = strconv.Atoi(v); err != nil || members < 3 || members%2 == 0 || members > 9 {
+			t.Fatalf("ETCDLOCK_NET_MEMBERS=%q: want 3, 5, 7 or 9", v)
+		}
+	}
 	kindNames := strings.Split(os.Getenv("ETCDLOCK_NET_KINDS"), ",")
 	if kindNames[0] == "" {
 		kindNames = []string{"mutex"}
@@ -89,7 +97,7 @@ func TestNet(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			cfg := processConfig{kind: name, holders: 3, ttl: 2 * time.Second, faults: faults, gap: time.Second,
 				unfenced: os.Getenv("ETCDLOCK_NET_UNFENCED") == "1", title: "Real-network test"}
-			runNet(t, bin, cfg)
+			runNet(t, bin, members, cfg)
 		})
 	}
 }
@@ -103,9 +111,9 @@ type netRun struct {
 	spaces  []string // the holders' namespaces, by slot
 }
 
-func runNet(t *testing.T, bin string, cfg processConfig) {
+func runNet(t *testing.T, bin string, members int, cfg processConfig) {
 	lab := newNetLab(t)
-	c := startNetCluster(t, lab, bin, 3)
+	c := startNetCluster(t, lab, bin, members)
 	n := &netRun{lab: lab, cluster: c}
 	for i := range cfg.holders {
 		n.spaces = append(n.spaces, lab.host(t, fmt.Sprintf("c%d", i), clientAddr+i))
@@ -142,6 +150,29 @@ func runNet(t *testing.T, bin string, cfg processConfig) {
 	}
 }
 
+// split cuts the members of side off from every other host of the lab.
+func (n *netRun) split(side []int) {
+	others := []string{netSubnet + "254"} // the observer
+	for j, m := range n.cluster.members {
+		if !slices.Contains(side, j) {
+			others = append(others, m.ip)
+		}
+	}
+	for j := range n.spaces {
+		others = append(others, fmt.Sprintf("%s%d", netSubnet, clientAddr+j))
+	}
+	for _, i := range side {
+		n.must(nftCut(n.cluster.members[i].ns, others))
+	}
+}
+
+// healAll removes the cuts of every member.
+func (n *netRun) healAll() {
+	for _, m := range n.cluster.members {
+		n.must(nftHeal(m.ns))
+	}
+}
+
 // command runs holder slot in its namespace.
 func (n *netRun) command(slot int, cfg holderConfig) *exec.Cmd {
 	cfg.Endpoints = n.cluster.endpoints()
@@ -151,7 +182,7 @@ func (n *netRun) command(slot int, cfg holderConfig) *exec.Cmd {
 }
 
 func (n *netRun) cut(slot int) {
-	n.must(nftCut(n.spaces[slot], n.cluster.addrs(0, 1, 2)))
+	n.must(nftCut(n.spaces[slot], n.cluster.addrs(n.cluster.all()...)))
 }
 
 func (n *netRun) heal(slot int) { n.must(nftHeal(n.spaces[slot])) }
@@ -171,31 +202,47 @@ func (n *netRun) inject(kind string, rng *rand.Rand) *processFault {
 	switch kind {
 	case "minority partition", "leader isolated":
 		lead := c.waitLeader()
-		i := lead
-		if kind == "minority partition" {
-			i = (lead + 1 + rng.IntN(len(c.members)-1)) % len(c.members)
-		}
-		others := []string{netSubnet + "254"} // the observer
-		for j := range c.members {
-			if j != i {
-				others = append(others, c.members[j].ip)
+		side := []int{lead}
+		if kind == "minority partition" { // (n-1)/2 followers in a row, from one at random
+			var followers []int
+			for j := range c.members {
+				if j != lead {
+					followers = append(followers, j)
+				}
+			}
+			off := rng.IntN(len(followers))
+			side = nil
+			for j := range (len(c.members) - 1) / 2 {
+				side = append(side, followers[(off+j)%len(followers)])
 			}
 		}
-		for j := range n.spaces {
-			others = append(others, fmt.Sprintf("%s%d", netSubnet, clientAddr+j))
-		}
 		f.at = time.Now()
-		n.must(nftCut(c.members[i].ns, others))
+		n.split(side)
 		time.Sleep(long)
-		n.must(nftHeal(c.members[i].ns))
+		n.healAll()
 		f.end = time.Now()
 	case "bridge partition":
+		// The lower half and the upper half cannot reach each other;
+		// the member between them reaches both.
+		mid := len(c.members) / 2
+		var lower, upper []int
+		for i := range c.members {
+			switch {
+			case i < mid:
+				lower = append(lower, i)
+			case i > mid:
+				upper = append(upper, i)
+			}
+		}
 		f.at = time.Now()
-		n.must(nftCut(c.members[0].ns, c.addrs(2)))
-		n.must(nftCut(c.members[2].ns, c.addrs(0)))
+		for _, i := range lower {
+			n.must(nftCut(c.members[i].ns, c.addrs(upper...)))
+		}
+		for _, i := range upper {
+			n.must(nftCut(c.members[i].ns, c.addrs(lower...)))
+		}
 		time.Sleep(long)
-		n.must(nftHeal(c.members[0].ns))
-		n.must(nftHeal(c.members[2].ns))
+		n.healAll()
 		f.end = time.Now()
 	case "loss 30%", "duplicate 50%", "slow link":
 		ns := c.members[c.waitLeader()].ns

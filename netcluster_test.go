@@ -133,6 +133,15 @@ func (c *netCluster) endpoints() []string {
 	return eps
 }
 
+// all returns every member's index.
+func (c *netCluster) all() []int {
+	var out []int
+	for i := range c.members {
+		out = append(out, i)
+	}
+	return out
+}
+
 // addrs returns the addresses of the members given.
 func (c *netCluster) addrs(members ...int) []string {
 	var out []string

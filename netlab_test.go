@@ -63,14 +63,14 @@ func netAvailable() error {
 		}
 	}
 	probe := netPrefix + "probe"
-	if err := run("ip", "netns", "add", probe); err != nil {
+	if err := runCmd("ip", "netns", "add", probe); err != nil {
 		return fmt.Errorf("ip netns add: %w", err)
 	}
-	return run("ip", "netns", "del", probe)
+	return runCmd("ip", "netns", "del", probe)
 }
 
-// run runs a command and returns its output with its error.
-func run(name string, args ...string) error {
+// runCmd runs a command; its error carries its output.
+func runCmd(name string, args ...string) error {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
@@ -103,7 +103,7 @@ func sweepNet() error {
 			continue
 		}
 		killIn(ns)
-		errs = append(errs, run("ip", "netns", "del", ns))
+		errs = append(errs, runCmd("ip", "netns", "del", ns))
 	}
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), netPrefix+"*"))
 	for _, d := range dirs {
@@ -149,8 +149,8 @@ func newNetLab(t *testing.T) *netLab {
 	}
 	br := netPrefix + "br"
 	l.fatal(t, l.netns(br))
-	l.fatal(t, run("ip", "-n", br, "link", "add", "br0", "type", "bridge"))
-	l.fatal(t, run("ip", "-n", br, "link", "set", "br0", "up"))
+	l.fatal(t, runCmd("ip", "-n", br, "link", "add", "br0", "type", "bridge"))
+	l.fatal(t, runCmd("ip", "-n", br, "link", "set", "br0", "up"))
 	if l.hostNS, err = unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -182,13 +182,13 @@ func (l *netLab) fatal(t *testing.T, err error) {
 
 // netns makes namespace name, with its loopback up.
 func (l *netLab) netns(name string) error {
-	if err := run("ip", "netns", "add", name); err != nil {
+	if err := runCmd("ip", "netns", "add", name); err != nil {
 		return err
 	}
 	l.mu.Lock()
 	l.spaces = append(l.spaces, name)
 	l.mu.Unlock()
-	return run("ip", "-n", name, "link", "set", "lo", "up")
+	return runCmd("ip", "-n", name, "link", "set", "lo", "up")
 }
 
 // host makes namespace netPrefix+name with address netSubnet+n on eth0,
@@ -197,10 +197,10 @@ func (l *netLab) host(t *testing.T, name string, n int) string {
 	t.Helper()
 	ns, br, veth := netPrefix+name, netPrefix+"br", "v-"+name
 	l.fatal(t, l.netns(ns))
-	l.fatal(t, run("ip", "-n", br, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns))
-	l.fatal(t, run("ip", "-n", br, "link", "set", veth, "master", "br0", "up"))
-	l.fatal(t, run("ip", "-n", ns, "addr", "add", netSubnet+strconv.Itoa(n)+"/24", "dev", "eth0"))
-	l.fatal(t, run("ip", "-n", ns, "link", "set", "eth0", "up"))
+	l.fatal(t, runCmd("ip", "-n", br, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns))
+	l.fatal(t, runCmd("ip", "-n", br, "link", "set", veth, "master", "br0", "up"))
+	l.fatal(t, runCmd("ip", "-n", ns, "addr", "add", netSubnet+strconv.Itoa(n)+"/24", "dev", "eth0"))
+	l.fatal(t, runCmd("ip", "-n", ns, "link", "set", "eth0", "up"))
 	return ns
 }
 
@@ -239,7 +239,7 @@ func (l *netLab) cleanup() {
 	}
 	for _, ns := range slices.Backward(spaces) {
 		killIn(ns)
-		if err := run("ip", "netns", "del", ns); err != nil {
+		if err := runCmd("ip", "netns", "del", ns); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
 	}
