@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -106,7 +107,6 @@ func TestNet(t *testing.T) {
 // the lab.
 type netRun struct {
 	*processRun
-	lab     *netLab
 	cluster *netCluster
 	spaces  []string // the holders' namespaces, by slot
 }
@@ -114,7 +114,7 @@ type netRun struct {
 func runNet(t *testing.T, bin string, members int, cfg processConfig) {
 	lab := newNetLab(t)
 	c := startNetCluster(t, lab, bin, members)
-	n := &netRun{lab: lab, cluster: c}
+	n := &netRun{cluster: c}
 	for i := range cfg.holders {
 		n.spaces = append(n.spaces, lab.host(t, fmt.Sprintf("c%d", i), clientAddr+i))
 	}
@@ -123,13 +123,7 @@ func runNet(t *testing.T, bin string, members int, cfg processConfig) {
 	fig := n.run(c.observer, netRotation, n.inject)
 	c.stopAll()
 
-	kindsSeen := slices.Sorted(func(yield func(string) bool) {
-		for k := range fig.afterHeal {
-			if !yield(k) {
-				return
-			}
-		}
-	})
+	kindsSeen := slices.Sorted(maps.Keys(fig.afterHeal))
 	fencing := "fenced"
 	if cfg.unfenced {
 		fencing = "unfenced"
@@ -152,7 +146,7 @@ func runNet(t *testing.T, bin string, members int, cfg processConfig) {
 
 // split cuts the members of side off from every other host of the lab.
 func (n *netRun) split(side []int) {
-	others := []string{netSubnet + "254"} // the observer
+	others := []string{fmt.Sprintf("%s%d", netSubnet, observerAddr)}
 	for j, m := range n.cluster.members {
 		if !slices.Contains(side, j) {
 			others = append(others, m.ip)

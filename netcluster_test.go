@@ -34,11 +34,14 @@ type netMember struct {
 	exited            chan struct{}
 }
 
-// memberAddr is the last byte of member i's address; clients have
-// clientAddr+i, the observer 254.
+// memberAddr is the last byte of member i's address; holder i's is
+// clientAddr+i, the observer's observerAddr.
 func memberAddr(i int) int { return 11 + i }
 
-const clientAddr = 101
+const (
+	clientAddr   = 101
+	observerAddr = 254
+)
 
 // startNetCluster starts n members of bin in the lab and waits until the
 // cluster answers.

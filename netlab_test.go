@@ -154,7 +154,7 @@ func newNetLab(t *testing.T) *netLab {
 	if l.hostNS, err = unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		t.Fatal(err)
 	}
-	obs := l.host(t, "obs", 254)
+	obs := l.host(t, "obs", observerAddr)
 	if l.obsNS, err = unix.Open("/run/netns/"+obs, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		t.Fatal(err)
 	}
