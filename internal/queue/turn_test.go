@@ -48,7 +48,7 @@ func TestFollow(t *testing.T) {
 		{"kept keys gone, c gone: admitted at limit 1", 1, Limit{N: 1, Keep: 6}, []*clientv3.Event{del("l/a", 26), del("l/c", 27), del("l/b", 28)}, held, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tk := NewTicket(nil, Semaphore("l", 2, tc.weight, rejectLimit), "l/me", "")
+			tk := NewTicket(&Conn{}, Semaphore("l", 2, tc.weight, rejectLimit), "l/me", "")
 			tk.set(keyPut, rev)
 			u := &turn{seen: seen, limit: tc.limit, recRev: 1000, older: older()}
 			got, stale := tk.follow(u, tc.events)
