@@ -256,8 +256,8 @@ func moduleZip(r release) ([]byte, error) {
 // version at HEAD where releases.txt lacks it, then builds and runs, in a
 // directory outside the repository, a program that requires each module
 // at its newest version and imports its package: with GOPROXY the file
-// proxy first, no replace, and the checksum database off for this
-// project's modules alone.
+// proxy first, no replace, the checksum database off for this project's
+// modules alone, and a module cache of its own.
 func check(rels []release) error {
 	next, err := candidates(rels)
 	if err != nil {
@@ -308,9 +308,12 @@ func check(rels []release) error {
 	if err != nil {
 		return err
 	}
+	// A module cache of its own: the machine's may hold a version of this
+	// project's modules served before from another commit (an earlier
+	// check's next version), which the go command would take as it is.
 	env := append(os.Environ(),
 		"GOPROXY=file://"+filepath.ToSlash(proxy)+","+strings.TrimSpace(string(upstream)),
-		"GONOSUMDB="+root, "GOFLAGS=-mod=mod", "GOWORK=off")
+		"GONOSUMDB="+root, "GOFLAGS=-mod=mod -modcacherw", "GOWORK=off", "GOMODCACHE="+filepath.Join(tmp, "modcache"))
 	gets := []string{"get"}
 	for _, m := range mods {
 		gets = append(gets, m+"@"+newest[m].version)
