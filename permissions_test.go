@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -636,4 +638,56 @@ func TestRoleRegranted(t *testing.T) {
 	}
 	time.Sleep(ttl)
 	acquire(true, "granted again, a TTL on")
+}
+
+// TestRefusalReadLost: under a role on the lock's prefix alone, the read
+// that tells which key etcd refused (the fence) loses its reply. That read
+// tells nothing: the call returns etcd's refusal, and the next call reads
+// again, finds the fence refused and locks. Were the lost read taken for
+// "readable", every call would be refused for a TTL.
+func TestRefusalReadLost(t *testing.T) {
+	testflags.Parallel(t)
+	name := "refusalread/" + t.Name()
+	env := authServer(t, prefixPermission(name+"/", clientv3.PermissionType(clientv3.PermReadWrite)))
+	var lost atomic.Int32
+	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if txn, ok := req.(*pb.TxnRequest); ok && len(txn.Compare) == 0 && len(txn.Success) > 0 {
+			reads := true
+			for _, op := range txn.Success {
+				r := op.GetRequestRange()
+				reads = reads && r != nil && strings.HasPrefix(string(r.Key), "etcdlock.fence.")
+			}
+			if reads && lost.Add(1) == 1 {
+				_ = invoker(ctx, method, req, reply, cc, opts...)
+				return status.Error(codes.Unavailable, "test: reply lost")
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: env.user.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: "locker", Password: "lockerpw",
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := etcdlock.NewMutex(newSession(t, c, etcdlock.WithTTL(time.Minute)), name)
+	ctx := testContext(t)
+	if err := m.LockContext(ctx); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("lock, the read after the refusal lost: got %v, want permission denied", err)
+	}
+	if lost.Load() == 0 {
+		t.Fatal("no read of the fence was sent after the refusal")
+	}
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatalf("the next lock: got %v, want nil (the fence found refused, done without)", err)
+	}
+	if err := m.UnlockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := lockKeys(t, env.root, name); len(keys) != 0 {
+		t.Errorf("keys left: %q", keys)
+	}
 }

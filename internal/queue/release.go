@@ -83,7 +83,7 @@ func (t *Ticket) Delete(ctx context.Context) (bool, error) {
 // It reports whether a key was found: the ticket is then put, at that key's
 // create revision; else absent. Where etcd refuses the fence to the role,
 // it reads our keys alone, as concurrency.Mutex's cleanup does, and the
-// lease goes without the fence from then on (role.go): a put applied after
+// lease goes without the fence for a TTL (role.go): a put applied after
 // that read is not stopped.
 func (t *Ticket) fence(ctx context.Context) (bool, error) {
 	fenced := !t.c.fenceOff.recent(t.c.TTL)

@@ -70,25 +70,34 @@ func (t *Ticket) narrow(ctx context.Context, err error, fenced bool) bool {
 			m.rule.recordRead.now()
 		}
 	}
-	switch {
-	case len(keys) == 0:
+	if len(keys) == 0 {
 		return false // all read lately: the refusal is of our keys
-	case len(keys) > 1 && !t.c.refuses(ctx, keys...):
-		readable()
-		return false
+	}
+	if len(keys) > 1 {
+		switch refused, known := t.c.refuses(ctx, keys...); {
+		case !known:
+			return false // the read failed: nothing learned, the refusal stands
+		case !refused:
+			readable()
+			return false
+		}
 	}
 	found := false
 	if fence {
-		if t.c.refuses(ctx, t.c.FenceKey) {
+		switch refused, known := t.c.refuses(ctx, t.c.FenceKey); {
+		case refused:
 			t.c.fenceOff.now()
 			found = true
-		} else {
+		case known:
 			t.c.fenceRead.now()
 		}
 	}
 	for _, m := range rules {
-		if !t.c.refuses(ctx, m.rule.limitKey) {
-			m.rule.recordRead.now()
+		refused, known := t.c.refuses(ctx, m.rule.limitKey)
+		if !refused {
+			if known {
+				m.rule.recordRead.now()
+			}
 			continue
 		}
 		m.rule.recordOff.now()
@@ -121,14 +130,17 @@ func (t *Ticket) fenceRefused(ctx context.Context) bool {
 }
 
 // refuses reports whether etcd refuses the role a read of keys, in one
-// Txn: of one of them, at least.
-func (c *Conn) refuses(ctx context.Context, keys ...string) bool {
+// Txn (of one of them, at least), and whether it knows: a read that failed
+// otherwise (a lost reply, etcd unreachable) tells nothing, and must not
+// mark the keys readable.
+func (c *Conn) refuses(ctx context.Context, keys ...string) (refused, known bool) {
 	ops := make([]clientv3.Op, len(keys))
 	for i, key := range keys {
 		ops[i] = clientv3.OpGet(key, clientv3.WithKeysOnly())
 	}
 	_, err := c.KV.Txn(ctx).Then(ops...).Commit()
-	return errors.Is(err, rpctypes.ErrPermissionDenied)
+	refused = errors.Is(err, rpctypes.ErrPermissionDenied)
+	return refused, err == nil || refused
 }
 
 // refusesPut reports whether etcd refuses the role a put of key, by a Txn
