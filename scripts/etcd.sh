@@ -16,12 +16,17 @@ set -euo pipefail
 
 ETCD="${ETCD-/usr/bin/etcd}"
 
-# free_port prints a port of 127.0.0.1 that was free a moment ago (a race
-# with other programs is possible).
+# free_port prints a port of 127.0.0.1 that no one listened on a moment
+# ago, below the kernel's ephemeral range: a port in that range can be the
+# local end of any outgoing connection (the tests make thousands), which
+# no probe sees and which makes etcd's bind fail. A race with other
+# programs is still possible; etcd_start tries again when it loses one.
 free_port() {
-  local p
+  local p low=32768
+  read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  [ "$low" -gt 11024 ] || low=32768
   while :; do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % (low - 10000)))
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
   done
 }
@@ -57,8 +62,22 @@ etcd_install() {
 
 # etcd_start DIR LOG starts $ETCD as a child of this shell, with its data in
 # DIR and its log in LOG, and waits until it is healthy: it sets etcd_pid
-# and etcd_url.
+# and etcd_url. A start that lost its ports to another program ("address
+# already in use") is tried again on other ports, up to 5 times.
 etcd_start() {
+  local try
+  for try in 1 2 3 4 5; do
+    etcd_start_once "$@" && return 0
+    grep -q 'address already in use' "$2" || break
+    echo "etcd.sh: $etcd_url: ports taken (try $try of 5)" >&2
+    rm -rf "$1"
+  done
+  echo "$ETCD did not start at $etcd_url:" >&2
+  cat "$2" >&2
+  return 1
+}
+
+etcd_start_once() {
   local dir="$1" log="$2" cport pport peer
   cport=$(free_port)
   pport=$(free_port)
@@ -75,8 +94,9 @@ etcd_start() {
     kill -0 "$etcd_pid" 2>/dev/null || break
     sleep 0.1
   done
-  echo "$ETCD did not start at $etcd_url:" >&2
-  cat "$log" >&2
+  kill -TERM "$etcd_pid" 2>/dev/null || true
+  wait "$etcd_pid" 2>/dev/null || true
+  etcd_pid=""
   return 1
 }
 
