@@ -131,6 +131,7 @@ func runNet(t *testing.T, bin string, members int, cfg processConfig) {
 	t.Logf("figures (%s): acquisitions %d, acknowledged writes %d, lost %d, stale writes acknowledged %d, keys/leases left %d/%d, history %s",
 		fencing, fig.acquisitions, fig.acked, fig.lost, fig.staleAccepted, fig.keysLeft, fig.leasesLeft, fig.history)
 	t.Logf("early-warning margin of the partitioned holders: %s", spread(fig.margins))
+	t.Logf("time with a holder: while faults last %.1f%%, between them %.1f%%", 100*fig.heldDuring, 100*fig.heldBetween)
 	for _, k := range kindsSeen {
 		t.Logf("  %-22s end → next acquisition: %s", k, spread(fig.afterHeal[k]))
 	}

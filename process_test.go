@@ -15,16 +15,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
-	"github.com/etcdlock/etcdlock"
 	"github.com/etcdlock/etcdlock/etcdtest"
 	"github.com/etcdlock/etcdlock/internal/syncbuf"
 )
@@ -34,7 +31,9 @@ import (
 // its own client, through a proxy of its own, to a 3-member cluster; it
 // loops: take the lock, read the register (a key in etcd) in a Txn guarded
 // by IsOwner, write it plus one the same way, release. It reports every
-// operation, with its times, on its standard output.
+// operation, with its times, on its standard output. The holders of the
+// last slot hold on a Session WithRenewal, the others on Sessions that end
+// with their leases (process_holder_test.go).
 //
 // Meanwhile the test SIGKILLs holders (and starts new ones), freezes them
 // with SIGSTOP for TTL + 1.5 s and then SIGCONT (at any moment, or just
@@ -57,209 +56,6 @@ import (
 //
 // ETCDLOCK_PROCESS_LONG=1 runs the faults for 10 minutes instead of 8 s per
 // kind of lock; ETCDLOCK_PROCESS_LONG=3m, for 3 minutes.
-
-// holderEnv carries a holder process's configuration (JSON).
-const holderEnv = "ETCDLOCK_TEST_HOLDER"
-
-// holderConfig configures a holder process.
-type holderConfig struct {
-	Endpoints []string      `json:"endpoints"`
-	Kind      string        `json:"kind"`
-	Lock      string        `json:"lock"`
-	Register  string        `json:"register"`
-	TTL       time.Duration `json:"ttl"`
-	ID        int           `json:"id"`
-	Seed      uint64        `json:"seed"`
-	Unfenced  bool          `json:"unfenced,omitempty"` // reads and writes not guarded by IsOwner
-}
-
-// holderLine is one line a holder process writes: one field set.
-type holderLine struct {
-	Op      *historyOp `json:"op,omitempty"`      // an operation returned
-	Call    *historyOp `json:"call,omitempty"`    // a write is sent
-	Done    int64      `json:"done,omitempty"`    // the Done of the hold with this token closed
-	Ack     int64      `json:"ack,omitempty"`     // a keep-alive acknowledgement of the lease of the holds arrived
-	Ended   int64      `json:"ended,omitempty"`   // the Session of this lease ended (its Done closed, or its keep-alive)
-	Waiting int64      `json:"waiting,omitempty"` // the hold with this token waits before its write, for "go" on stdin
-	Skip    int64      `json:"skip,omitempty"`    // the hold with this token skipped its write: Done had closed
-	Error   string     `json:"error,omitempty"`   // the holder cannot go on
-	At      int64      `json:"at,omitempty"`      // when (Unix ns)
-}
-
-// holderMain runs the holder process when holderEnv is set, and then exits;
-// otherwise it returns at once.
-func holderMain() {
-	cfg := os.Getenv(holderEnv)
-	if cfg == "" {
-		return
-	}
-	out := &lineWriter{w: os.Stdout}
-	if err := runHolder(cfg, out, os.Stdin); err != nil {
-		out.write(holderLine{Error: err.Error(), At: now()})
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
-
-// lineWriter writes a holder's lines, one at a time.
-type lineWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lineWriter) write(line holderLine) {
-	b, _ := json.Marshal(line)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, _ = l.w.Write(append(b, '\n'))
-}
-
-func (l *lineWriter) called(op historyOp)   { l.write(holderLine{Call: &op}) }
-func (l *lineWriter) returned(op historyOp) { l.write(holderLine{Op: &op}) }
-
-// runHolder is a holder process: it takes holds until its standard input
-// closes. "stop" on stdin makes it stop before its next write, write a
-// Waiting line, and wait for "go".
-func runHolder(cfgJSON string, out *lineWriter, in io.Reader) error {
-	var cfg holderConfig
-	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
-		return err
-	}
-	k, ok := kinds[cfg.Kind]
-	if !ok {
-		return fmt.Errorf("kind %q: not one of the kinds", cfg.Kind)
-	}
-	client, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	var stopAtWrite atomic.Bool
-	resume := make(chan struct{}, 1)
-	go func() { // ends with stdin, which the test closes, or with the process
-		sc := bufio.NewScanner(in)
-		for sc.Scan() {
-			switch sc.Text() {
-			case "stop":
-				stopAtWrite.Store(true)
-			case "go":
-				resume <- struct{}{}
-			}
-		}
-		stop()
-	}()
-
-	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.ID)))
-	reg := &register{client: client, key: cfg.Register, lock: cfg.Lock, kind: k, fenced: !cfg.Unfenced, id: cfg.ID, sink: out}
-	var s *etcdlock.Session
-	var bg sync.WaitGroup // the watchers of acks and of each hold's Done
-	defer bg.Wait()
-	stopAcks := func() {}
-	endSession := func() {
-		if s != nil {
-			_ = s.Close()
-			stopAcks()
-			s = nil
-		}
-	}
-	defer endSession()
-	for ctx.Err() == nil {
-		if s == nil || isClosed(s.Done()) {
-			endSession()
-			if s, err = etcdlock.NewSession(client, etcdlock.WithTTL(cfg.TTL)); err != nil {
-				s = nil
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
-			if !k.ownSession { // else followed hold by hold
-				lease, sd := s.Lease(), s.Done()
-				bg.Go(func() {
-					<-sd // closed by endSession at the latest
-					out.write(holderLine{Ended: int64(lease), At: now()})
-				})
-				stopAcks = reportAcks(client, lease, false, out)
-			}
-		}
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		h, err := reg.acquire(lctx, k.make(s, cfg.Lock, -1))
-		cancel()
-		if err != nil {
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		bg.Go(func() {
-			<-h.done // closed, at the latest, by the release
-			out.write(holderLine{Done: h.token, At: now()})
-		})
-		stopHoldAcks := func() {}
-		if k.ownSession {
-			stopHoldAcks = reportAcks(client, h.lease, true, out)
-		}
-		err = holderCritical(ctx, reg, h, rng, &stopAtWrite, resume, out)
-		stopHoldAcks() // before the release, whose revoke would end the lease's keep-alive
-		if err != nil {
-			return err
-		}
-		_, _ = reg.release(ctx, h)
-	}
-	return nil
-}
-
-// reportAcks writes an Ack line for each keep-alive acknowledgement of
-// lease, and with ended an Ended line if clientv3 stops keeping it alive,
-// until the function it returns is called.
-func reportAcks(client *clientv3.Client, lease clientv3.LeaseID, ended bool, out *lineWriter) func() {
-	var end func(time.Time)
-	if ended {
-		end = func(at time.Time) { out.write(holderLine{Ended: int64(lease), At: at.UnixNano()}) }
-	}
-	stop, err := followAcks(client, lease, func(at time.Time) { out.write(holderLine{Ack: int64(lease), At: at.UnixNano()}) }, end)
-	if err != nil {
-		return func() {}
-	}
-	return stop
-}
-
-// holderCritical reads the register, waits a little and writes it plus
-// one, retrying a write that etcd did not answer (a retry writes the same
-// value, under a new id) for up to testTimeout.
-func holderCritical(ctx context.Context, reg *register, h *hold, rng *rand.Rand, stopAtWrite *atomic.Bool, resume <-chan struct{}, out *lineWriter) error {
-	v, res, first, err := reg.read(ctx, h)
-	if err != nil {
-		return err
-	}
-	if res != resOK {
-		return nil
-	}
-	if !first {
-		return fmt.Errorf("hold %d: its key is not the oldest of the lock", h.token)
-	}
-	time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
-	if isClosed(h.done) {
-		out.write(holderLine{Skip: h.token, At: now()})
-		return nil
-	}
-	if stopAtWrite.CompareAndSwap(true, false) {
-		// The worst moment to be cut off or frozen: Done was checked, the
-		// write is next.
-		out.write(holderLine{Waiting: h.token, At: now()})
-		select {
-		case <-resume:
-		case <-ctx.Done():
-		}
-	}
-	deadline := time.Now().Add(testTimeout)
-	for {
-		if _, res := reg.write(context.WithoutCancel(ctx), h, v+1); res != resUnknown || time.Now().After(deadline) {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // processConfig sizes a run of the process test.
 type processConfig struct {
 	kind    string
@@ -394,6 +190,9 @@ type processFigures struct {
 	keysLeft      int
 	leasesLeft    int
 	history       porcupine.CheckResult
+	// heldDuring and heldBetween are the shares of time (0 to 1) with at
+	// least one hold, while faults last and between them.
+	heldDuring, heldBetween float64
 }
 
 // run starts the holders, injects the faults of rotation in turn with
@@ -624,6 +423,15 @@ func (r *processRun) run(observer *clientv3.Client, rotation []string, inject fu
 		staleWrites[f.kind] = sw
 	}
 
+	// The share of time with a holder, while faults last and between them.
+	spans := r.holdSpans(checked, &deleted, ended)
+	var faulty []span
+	for _, f := range faults {
+		faulty = append(faulty, span{f.at, f.end})
+	}
+	heldDuring := coveredShare(spans, faulty)
+	heldBetween := coveredShare(spans, between(faulty, began, ended))
+
 	row := func(what string, v any) { t.Logf("  %-62s %v", what, v) }
 	t.Logf("process chaos, %d %s holders, TTL %v: %v of faults", cfg.holders, cfg.kind, cfg.ttl, ended.Sub(began).Round(time.Second))
 	r.mu.Lock()
@@ -652,6 +460,7 @@ func (r *processRun) run(observer *clientv3.Client, rotation []string, inject fu
 			row(fmt.Sprintf("%s: SIGCONT → Done closed (of holds whose Done was open when frozen)", k), spread(d))
 		}
 	}
+	row("time with a holder: while faults last / between them", fmt.Sprintf("%.1f%% / %.1f%%", 100*heldDuring, 100*heldBetween))
 	row("keys / leases left", fmt.Sprintf("%d / %d", keysLeft, leasesLeft))
 	t.Log("early warning:")
 	logWarnings(t, ws)
@@ -674,13 +483,105 @@ func (r *processRun) run(observer *clientv3.Client, rotation []string, inject fu
 		}
 	}
 	fig := processFigures{acquisitions: len(acqs), acked: acked, lost: lost, staleAccepted: stale, recovery: recovery, afterHeal: afterHeal,
-		keysLeft: keysLeft, leasesLeft: leasesLeft, history: history}
+		keysLeft: keysLeft, leasesLeft: leasesLeft, history: history, heldDuring: heldDuring, heldBetween: heldBetween}
 	for _, w := range ws {
 		if m, ok := w.margin(); ok {
 			fig.margins = append(fig.margins, m)
 		}
 	}
 	return fig
+}
+
+// A span is a stretch of time.
+type span struct{ from, to time.Time }
+
+// holdSpans returns when each acquired hold of ops held, as its holder saw
+// it: from the acquisition's return to the first of its release's call, its
+// Done closing and its key's deletion in etcd (ended if none came).
+func (r *processRun) holdSpans(ops []historyOp, deleted *deletions, ended time.Time) []span {
+	released := map[int64]time.Time{}
+	for _, op := range ops {
+		if op.Kind == opRelease {
+			released[op.Token] = time.Unix(0, op.Call)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var spans []span
+	for _, op := range ops {
+		if op.Kind != opAcquire {
+			continue
+		}
+		end := ended
+		for _, at := range []time.Time{released[op.Token], r.dones[op.Token], deleted.of(op.Token)} {
+			if !at.IsZero() && at.Before(end) {
+				end = at
+			}
+		}
+		if from := time.Unix(0, op.Return); from.Before(end) {
+			spans = append(spans, span{from, end})
+		}
+	}
+	return spans
+}
+
+// coveredShare returns the share of the time of windows (0 to 1) that at
+// least one of spans covers; 0 if windows last no time.
+func coveredShare(spans, windows []span) float64 {
+	var merged []span // sorted, disjoint
+	for _, s := range slices.SortedFunc(slices.Values(spans), func(a, b span) int { return a.from.Compare(b.from) }) {
+		if n := len(merged); n > 0 && !s.from.After(merged[n-1].to) {
+			if s.to.After(merged[n-1].to) {
+				merged[n-1].to = s.to
+			}
+			continue
+		}
+		merged = append(merged, s)
+	}
+	var total, covered time.Duration
+	for _, w := range windows {
+		total += w.to.Sub(w.from)
+		for _, m := range merged {
+			from, to := later(m.from, w.from), earlier(m.to, w.to)
+			if to.After(from) {
+				covered += to.Sub(from)
+			}
+		}
+	}
+	if total <= 0 {
+		return 0
+	}
+	return float64(covered) / float64(total)
+}
+
+// between returns the stretches of [from, to] that no window covers.
+func between(windows []span, from, to time.Time) []span {
+	var gaps []span
+	at := from
+	for _, w := range slices.SortedFunc(slices.Values(windows), func(a, b span) int { return a.from.Compare(b.from) }) {
+		if w.from.After(at) {
+			gaps = append(gaps, span{at, earlier(w.from, to)})
+		}
+		at = later(at, w.to)
+	}
+	if to.After(at) {
+		gaps = append(gaps, span{at, to})
+	}
+	return gaps
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // staleAccepted counts the acknowledged writes to the register sent after
@@ -721,6 +622,11 @@ func countKilled(procs []*holderProc) int {
 	return n
 }
 
+// renews tells whether the holders of slot hold on a Session WithRenewal:
+// those of the last slot do, so that every run has a Session that outlives
+// its leases beside Sessions that end with theirs.
+func (r *processRun) renews(slot int) bool { return slot == r.cfg.holders-1 }
+
 // start starts holder process number len(r.procs) behind proxy slot.
 func (r *processRun) start(slot int) *holderProc {
 	t := r.t
@@ -728,7 +634,7 @@ func (r *processRun) start(slot int) *holderProc {
 	id := len(r.procs)
 	r.mu.Unlock()
 	cmd := r.net.command(slot, holderConfig{Kind: r.cfg.kind, Lock: r.name, Register: r.register, TTL: r.cfg.ttl, ID: id, Seed: r.seed,
-		Unfenced: r.cfg.unfenced})
+		Unfenced: r.cfg.unfenced, Renew: r.renews(slot)})
 	p := &holderProc{id: id, slot: slot, cmd: cmd, stderr: &syncbuf.Buffer{}, waiting: make(chan int64, 1),
 		exited: make(chan struct{}), holds: make(map[int64]bool)}
 	cmd.Stderr = p.stderr
@@ -980,4 +886,24 @@ func releasedBefore(ops []historyOp, token int64, at time.Time) bool {
 	return slices.ContainsFunc(ops, func(op historyOp) bool {
 		return op.Kind == opRelease && op.Token == token && op.Call < at.UnixNano()
 	})
+}
+
+func TestCoveredShare(t *testing.T) {
+	at := func(s int) time.Time { return time.Unix(1000+int64(s), 0) }
+	spans := []span{{at(5), at(7)}, {at(0), at(2)}, {at(1), at(3)}} // held 0–3 and 5–7
+	windows := []span{{at(2), at(6)}}                               // 2–3 and 5–6 of 2–6 held
+	if got := coveredShare(spans, windows); got != 0.5 {
+		t.Errorf("coveredShare: got %v, want 0.5", got)
+	}
+	gaps := between([]span{{at(4), at(6)}, {at(1), at(2)}}, at(0), at(8))
+	want := []span{{at(0), at(1)}, {at(2), at(4)}, {at(6), at(8)}}
+	if !slices.Equal(gaps, want) {
+		t.Errorf("between: got %v, want %v", gaps, want)
+	}
+	if got := coveredShare(spans, gaps); got != 3.0/5 { // 0–1, 2–3 and 6–7 of 5 s
+		t.Errorf("coveredShare of the gaps: got %v, want 0.6", got)
+	}
+	if got := coveredShare(spans, nil); got != 0 {
+		t.Errorf("coveredShare of no window: got %v, want 0", got)
+	}
 }
