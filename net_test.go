@@ -27,6 +27,8 @@ import (
 //   - bridge partition: the lower and the upper half of the members cut
 //     from each other, the middle one reaching both (non-transitive), for
 //     as long;
+//   - ring partition, with 5 members or more: each member reaches only its
+//     two neighbours on a ring, for as long;
 //   - loss 30%, duplicate 50%: of the leader's outgoing packets, at random
 //     (nft), for as long;
 //   - slow link: the leader's outgoing traffic limited to 200 kbit/s (tc
@@ -119,8 +121,12 @@ func runNet(t *testing.T, bin string, members int, cfg processConfig) {
 		n.spaces = append(n.spaces, lab.host(t, fmt.Sprintf("c%d", i), clientAddr+i))
 	}
 	n.processRun = newProcessRun(t, cfg, n)
-	t.Logf("faults, in turn: %s", strings.Join(netRotation, ", "))
-	fig := n.run(c.observer, netRotation, n.inject)
+	rotation := netRotation
+	if members >= 5 { // with 3, a member's neighbours on a ring are all the others
+		rotation = slices.Insert(slices.Clone(netRotation), slices.Index(netRotation, "bridge partition")+1, "ring partition")
+	}
+	t.Logf("faults, in turn: %s", strings.Join(rotation, ", "))
+	fig := n.run(c.observer, rotation, n.inject)
 	c.stopAll()
 
 	kindsSeen := slices.Sorted(maps.Keys(fig.afterHeal))
@@ -235,6 +241,23 @@ func (n *netRun) inject(kind string, rng *rand.Rand) *processFault {
 		}
 		for _, i := range upper {
 			n.must(nftCut(c.members[i].ns, c.addrs(lower...)))
+		}
+		time.Sleep(long)
+		n.healAll()
+		f.end = time.Now()
+	case "ring partition":
+		// Each member reaches only its two neighbours on a ring (and every
+		// client): with 5 members each sees a majority, no two the same.
+		f.at = time.Now()
+		m := len(c.members)
+		for i := range c.members {
+			var far []int
+			for j := range c.members {
+				if d := (j - i + m) % m; d > 1 && d < m-1 {
+					far = append(far, j)
+				}
+			}
+			n.must(nftCut(c.members[i].ns, c.addrs(far...)))
 		}
 		time.Sleep(long)
 		n.healAll()
