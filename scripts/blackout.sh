@@ -3,18 +3,25 @@
 # stall behind the slow recovery after "leader isolated" in the
 # real-network test (docs/reliability.md, "On a real network").
 #
-#   scripts/blackout.sh 4 5 6        # one cut of each length, in seconds
+#   scripts/blackout.sh 4 5 6              # one cut of each length, in seconds
+#   SIDE=client scripts/blackout.sh 4 5 6  # the cut made in the client's namespace
 #
 # As root: a namespace "member" and a namespace "client" joined by a veth
 # pair (10.78.0.1 and .2, which exist only there). The client sends 100
 # bytes every 20 ms to the member; nft in the member's namespace drops
 # every packet to and from the client for D seconds, as the test isolates a
-# member; then the cut is removed. It prints how long after the heal the
+# member (with SIDE=client, nft in the client's namespace, as the test cuts
+# a holder off); then the cut is removed. It prints how long after the heal the
 # member received the client's next bytes. The namespaces are removed at
 # the end, however it ends. Needs ip, nft and python3.
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 SECONDS..." >&2; exit 64; }
 M=etcdlock-blackout-member C=etcdlock-blackout-client
+case "${SIDE:-member}" in
+  member) cutns=$M peer=10.78.0.2 ;;
+  client) cutns=$C peer=10.78.0.1 ;;
+  *) echo "SIDE: member or client" >&2; exit 64 ;;
+esac
 tmp=""
 cleanup() {
   ip netns pids "$M" 2>/dev/null | xargs -r kill 2>/dev/null || true
@@ -61,14 +68,14 @@ c.close()
 ' "$(echo "$d + 14" | bc -l 2>/dev/null || python3 -c "print($d + 14)")" &
   client=$!
   sleep 2
-  ip netns exec "$M" nft -f - <<NFT
+  ip netns exec "$cutns" nft -f - <<NFT
 table ip blackout {
-  chain in { type filter hook input priority 0; ip saddr 10.78.0.2 drop; }
-  chain out { type filter hook output priority 0; ip daddr 10.78.0.2 drop; }
+  chain in { type filter hook input priority 0; ip saddr $peer drop; }
+  chain out { type filter hook output priority 0; ip daddr $peer drop; }
 }
 NFT
   sleep "$d"
-  ip netns exec "$M" nft delete table ip blackout
+  ip netns exec "$cutns" nft delete table ip blackout
   heal=$(date +%s.%N)
   wait "$client" "$member"
   python3 -c '
