@@ -1,6 +1,6 @@
 package etcdlock_test
 
-// Upstream defect D11 (DESIGN.md §2): a lock's name taken as a plain prefix,
+// Upstream defect D11 (docs/design.md §1): a lock's name taken as a plain prefix,
 // so that a lock nested under it ("a/b" under "a") blocks it, and what fixes
 // that must not break exclusion.
 

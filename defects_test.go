@@ -1,6 +1,7 @@
 package etcdlock_test
 
-// The upstream defects of DESIGN.md §2, D1 to D11. Each defect's test runs
+// The upstream defects D1 to D11 (docs/design.md, "What is different from
+// the upstream packages"). Each defect's test runs
 // the same scenario on etcdlock.Mutex and on concurrency.Mutex (client/v3
 // v3.7.3), and checks both that ours behaves and that upstream shows the
 // defect, so that each test is known to fail on the behaviour it guards

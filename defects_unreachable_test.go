@@ -1,6 +1,6 @@
 package etcdlock_test
 
-// Upstream defects with etcd unreachable (DESIGN.md §2): D7, cleanup that
+// Upstream defects with etcd unreachable (docs/design.md §1): D7, cleanup that
 // blocks or is left undone; D9, a sync.Locker that panics on a transient
 // failure. As in defects_test.go, each runs on etcdlock and on
 // concurrency.Mutex.

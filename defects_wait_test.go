@@ -1,6 +1,6 @@
 package etcdlock_test
 
-// Upstream defects of waiting and of the loss signal (DESIGN.md §2): D4, a
+// Upstream defects of waiting and of the loss signal (docs/design.md §1): D4, a
 // waiter's watch that starts unsynced; D8, a waiter whose own lease ends;
 // D10, a loss signal that comes after the lease can expire. As in
 // defects_test.go, each runs on etcdlock and on concurrency.Mutex.

@@ -31,6 +31,13 @@ type keyHold struct {
 	watched  bool // the term's loss watch watches it (losswatch.go): lost was called
 	gone     bool // the loss watch found the hold lost before its end
 	capped   bool // the loss watch ended the hold at its cap (maxhold.go)
+	// lostFor is why the loss watch found the hold lost, and lostLive
+	// whether the lease term still lived then; set with gone.
+	lostFor  LossReason
+	lostLive bool
+	// lossTold: HoldLost was emitted, by the loss's report or, if the
+	// holder ended the hold first, by its end, which must come after it.
+	lossTold bool
 	// waiting closes once another acquisition waits behind the hold
 	// (waiting.go); nil until asked for. stopWaiting stops its watch.
 	waiting     chan struct{}
@@ -223,6 +230,7 @@ func (h *keyHold) signal(why LossReason) bool {
 	}
 	h.gone = true
 	h.capped = why == LossMaxHold
+	h.lostFor, h.lostLive = why, !h.t.term.Expired()
 	if !h.signaled {
 		h.signaled = true
 		close(h.done)
@@ -236,7 +244,13 @@ func (h *keyHold) signal(why LossReason) bool {
 func (h *keyHold) report(why LossReason, leaseGone func() bool) {
 	t := h.t
 	if s := t.s; s.events != nil {
-		s.events.emit(Event{Kind: HoldLost, Context: h.acquiredBy(), Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: h.token(), Reason: h.lossReason(why, leaseGone)})
+		h.mu.Lock()
+		live := h.lostLive
+		h.mu.Unlock()
+		reason := h.lossReason(why, live, leaseGone)
+		h.mu.Lock()
+		h.tellLoss(reason)
+		h.mu.Unlock()
 	}
 	if why != LossMaxHold {
 		return
@@ -254,23 +268,36 @@ func (h *keyHold) report(why LossReason, leaseGone func() bool) {
 	}
 }
 
+// tellLoss emits HoldLost for the hold, with reason, unless it was
+// emitted already. Called with h.mu held.
+func (h *keyHold) tellLoss(reason LossReason) {
+	if h.lossTold {
+		return
+	}
+	h.lossTold = true
+	t := h.t
+	t.s.events.emit(Event{Kind: HoldLost, Context: h.callCtx, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: h.token(), Reason: reason})
+}
+
 // lossReason tells the observers why the hold was lost, given why the
-// loss watch found it lost. Silence is its own reason, even when the
-// Session ended with it (the term ends a TTL after the last acknowledged
-// renewal was sent).
-// A deleted key is asked about once for the holds lost together, within a
-// bound, since the revoke or expiry of our lease deletes it too; only
-// observed Sessions pay that read.
-func (h *keyHold) lossReason(why LossReason, leaseGone func() bool) LossReason {
+// loss watch found it lost and whether the lease term lived then (a
+// Session closed after that did not cause the loss). Silence is its own
+// reason, even when the Session ended with it (the term ends a TTL after
+// the last acknowledged renewal was sent). A deleted key is asked about
+// once for the holds lost together, within a bound, since the revoke or
+// expiry of our lease deletes it too; only observed Sessions pay that
+// read. With leaseGone nil (the holder ended the hold before the read came
+// back), a deleted key stays the reason.
+func (h *keyHold) lossReason(why LossReason, live bool, leaseGone func() bool) LossReason {
 	s, tm := h.t.s, h.t.term
 	if why == LossKeepAliveSilent || why == LossMaxHold {
 		return why
 	}
-	if why == LossKeyDeleted && !tm.Expired() && leaseGone() {
+	if why == LossKeyDeleted && live && leaseGone != nil && leaseGone() {
 		return LossLeaseGone
 	}
 	switch {
-	case !tm.Expired():
+	case live:
 		return why
 	case s.closedByUser():
 		return LossSessionClosed
@@ -288,6 +315,13 @@ func (h *keyHold) lossReason(why LossReason, leaseGone func() bool) LossReason {
 func (h *keyHold) reportEnd() {
 	t := h.t
 	if t.s.events != nil {
+		h.mu.Lock()
+		if h.gone && !h.lossTold {
+			// Its loss's report is still asking etcd why: tell the loss
+			// now, before the end, with what is known.
+			h.tellLoss(h.lossReason(h.lostFor, h.lostLive, nil))
+		}
+		h.mu.Unlock()
 		now := time.Now()
 		t.s.events.emit(Event{Kind: HoldEnded, Context: h.acquiredBy(), Time: now, Lock: t.lock, Primitive: t.kind, Lease: t.term.id, Key: t.Key(), Token: t.Rev(), HeldFor: now.Sub(h.since)})
 	}

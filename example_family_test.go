@@ -36,6 +36,45 @@ func ExampleRWMutex() {
 	// writer after the reader left: true
 }
 
+func ExampleRWMutex_TryRLockFor() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	a, _ := etcdlock.NewSession(client)
+	defer a.Close()
+	b, _ := etcdlock.NewSession(client)
+	defer b.Close()
+
+	// A writer holds the configuration until told to let go. It unlocks
+	// on the goroutine that locked: holds belong to goroutines.
+	writer := etcdlock.NewRWMutex(a, "config")
+	locked, letGo, unlocked := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(unlocked)
+		writer.Lock()
+		close(locked)
+		<-letGo
+		time.Sleep(50 * time.Millisecond)
+		writer.Unlock()
+	}()
+	<-locked
+
+	// A reader that must not block for long waits up to a bound.
+	reader := etcdlock.NewRWMutex(b, "config")
+	ctx := context.Background()
+	ok, err := reader.TryRLockFor(ctx, 50*time.Millisecond)
+	fmt.Println("within 50 ms:", ok, err)
+	close(letGo)
+	ok, err = reader.TryRLockFor(ctx, 10*time.Second)
+	fmt.Println("within 10 s:", ok, err)
+	if ok {
+		reader.RUnlock()
+	}
+	<-unlocked
+	// Output:
+	// within 50 ms: false <nil>
+	// within 10 s: true <nil>
+}
+
 func ExampleSemaphore() {
 	srv, client := startExampleServer()
 	defer srv.Close()

@@ -107,3 +107,57 @@ func ExampleFollowLeader() {
 	// waiting: http://10.0.0.2:8080
 	// leader: http://10.0.0.2:8080
 }
+
+func ExampleFollow() {
+	srv, client := startExampleServer()
+	defer srv.Close()
+	a, _ := etcdlock.NewSession(client, etcdlock.WithIdentity("worker-a"))
+	defer a.Close()
+	b, _ := etcdlock.NewSession(client, etcdlock.WithIdentity("worker-b"))
+	defer b.Close()
+
+	// Follow sends the queue now and at each change; a slow receiver gets
+	// the newest, so wait for the state you want rather than count changes.
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	queue := etcdlock.Follow(ctx, client, "jobs/report")
+	until := func(ok func([]etcdlock.QueueEntry) bool) []etcdlock.QueueEntry {
+		for q := range queue {
+			if ok(q) {
+				return q
+			}
+		}
+		return nil
+	}
+	until(func(q []etcdlock.QueueEntry) bool { return len(q) == 0 })
+	fmt.Println("nobody holds")
+
+	ma := etcdlock.NewMutex(a, "jobs/report")
+	ma.Lock()
+	q := until(func(q []etcdlock.QueueEntry) bool { return len(q) == 1 })
+	fmt.Println("held by", q[0].Identity)
+
+	held, letGo, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() { // worker-b waits, then holds until told to let go
+		defer close(done)
+		mb := etcdlock.NewMutex(b, "jobs/report")
+		mb.Lock()
+		close(held)
+		<-letGo
+		mb.Unlock()
+	}()
+	q = until(func(q []etcdlock.QueueEntry) bool { return len(q) == 2 })
+	fmt.Println("waiting:", q[1].Identity, "holds:", q[1].Holds)
+
+	ma.Unlock()
+	<-held
+	q = until(func(q []etcdlock.QueueEntry) bool { return len(q) == 1 && q[0].Holds })
+	fmt.Println("held by", q[0].Identity)
+	close(letGo)
+	<-done
+	// Output:
+	// nobody holds
+	// held by worker-a
+	// waiting: worker-b holds: false
+	// held by worker-b
+}

@@ -68,7 +68,7 @@ func lockName(t *testing.T) string {
 	return "test/" + strings.ReplaceAll(t.Name(), "/", "_")
 }
 
-// Bounds the contract promises (API.md, doc comments), as the tests assert
+// Bounds the contract promises (docs/api.md, doc comments), as the tests assert
 // them: twice the promise, so that a loaded machine does not fail them, or
 // the promise itself where that is already more than twice what a loaded
 // run measures. How long a call takes below its bound is logged, not

@@ -53,7 +53,7 @@ type Outcome string
 
 // Outcomes of AcquireEnded.
 const (
-	OutcomeAcquired Outcome = "acquired"
+	OutcomeAcquired Outcome = "acquired"  // the call holds: Key and Token are set
 	OutcomeBusy     Outcome = "busy"      // a try found the lock held
 	OutcomeTimedOut Outcome = "timed_out" // TryLockFor's or TryAcquire's wait ran out
 	OutcomeCanceled Outcome = "canceled"  // the caller's context ended
@@ -77,7 +77,7 @@ const (
 // adapters (logs, metrics such as package etcdlock/prometheus, traces): a
 // lock's user needs none of it to lock.
 type Event struct {
-	Kind      EventKind
+	Kind      EventKind        // what happened; it says which other fields are set
 	Context   context.Context  // the lock call's (for HoldEnded and HoldLost, the acquiring call's), for traces; nil for other kinds
 	Time      time.Time        // when it happened
 	Lease     clientv3.LeaseID // the lease it happened on: the Session's, or WithRenewal the one of the hold or call

@@ -295,6 +295,52 @@ func TestObserverLossReasons(t *testing.T) {
 	})
 }
 
+// TestObserverLossBeforeEnd: a holder that unlocks as soon as Done closes
+// ends its hold while the loss's report may still be asking etcd whether
+// the lease went too. HoldLost still comes before HoldEnded and Released,
+// with the loss's reason, also when the Session closes right after: an
+// adapter that ends a hold's span at HoldEnded would otherwise record a
+// lost hold as a clean one, and the reason said the Session's close had
+// caused a loss found before it.
+func TestObserverLossBeforeEnd(t *testing.T) {
+	testflags.Parallel(t)
+	_, client := startServer(t)
+	ctx := testContext(t)
+	for i := range 5 {
+		log := &eventLog{}
+		s := newSession(t, client, etcdlock.WithObserver(log))
+		name := fmt.Sprintf("%s-%d", lockName(t), i)
+		m := etcdlock.NewMutex(s, name)
+		if err := m.LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		done := m.Done()
+		if _, err := client.Delete(ctx, m.Key()); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+			t.Errorf("unlock after the key was deleted: got %v, want ErrLockLost", err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var kinds []string
+		for _, e := range log.find(func(e etcdlock.Event) bool { return e.Lock == name }) {
+			switch e.Kind {
+			case etcdlock.HoldLost:
+				kinds = append(kinds, fmt.Sprintf("%s(%s)", e.Kind, e.Reason))
+			case etcdlock.HoldEnded, etcdlock.Released:
+				kinds = append(kinds, string(e.Kind))
+			}
+		}
+		want := []string{"hold_lost(key_deleted)", "hold_ended", "released"}
+		if fmt.Sprint(kinds) != fmt.Sprint(want) {
+			t.Errorf("try %d: the hold's last events: got %v, want %v", i+1, kinds, want)
+		}
+	}
+}
+
 // blockingObserver blocks in Observe until released.
 type blockingObserver struct {
 	release chan struct{}

@@ -267,8 +267,8 @@ func (t Table) placeholders(query string) string {
 // processes: its Do runs work in the transaction in which Table.Admit
 // admitted the fence (TxFrom gives it to work), and commits both together.
 type SQLStore struct {
-	DB    *sql.DB
-	Table Table
+	DB    *sql.DB // the database of the resource and of Table
+	Table Table   // the table of highest tokens, in DB
 }
 
 // Do runs work as Store describes, in a transaction of s.DB that work gets
