@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,6 +26,9 @@ type candidate struct {
 	cli   *clientv3.Client
 	proxy *etcdtest.Proxy    // between the client and etcd; nil with --endpoints
 	stop  context.CancelFunc // ends its Lead
+	// dead is set before its client is closed: its Lead may then return
+	// an error (the Session gone with the client) before stop ends it.
+	dead atomic.Bool
 }
 
 // A leadLog records the candidates' terms: when each f started and ended.
@@ -145,7 +149,7 @@ func (d *demo) failover(ctx context.Context) {
 		c.stop = cancel
 		wg.Go(func() {
 			err := etcdlock.Lead(cctx, c.cli, name, log.duty(d, c.id), etcdlock.WithTTL(demoLeadTTL), etcdlock.WithIdentity(c.id))
-			if cctx.Err() == nil {
+			if cctx.Err() == nil && !c.dead.Load() {
 				d.fail(c.id, fmt.Errorf("etcdlock.Lead returned before it was stopped: %v", err))
 			}
 		})
@@ -201,6 +205,7 @@ func (d *demo) takeover(ctx context.Context, log *leadLog, c *candidate, cut boo
 			c.proxy.Blackhole()
 		}
 		d.event("admin", 0, "%s dies: its client is closed; its key stays until its lease expires", c.id)
+		c.dead.Store(true)
 		c.cli.Close()
 		c.stop()
 	}
