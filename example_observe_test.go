@@ -39,6 +39,7 @@ func ExampleWithObserver() {
 	}
 	m := etcdlock.NewMutex(s, "jobs/report")
 	m.Lock()
+	fmt.Println("held:", m.Token() > 0)
 	m.Unlock()
 	s.Close() // delivers the events still queued, then SessionClosed
 
@@ -48,6 +49,7 @@ func ExampleWithObserver() {
 		fmt.Println(e)
 	}
 	// Output:
+	// held: true
 	// acquire_started
 	// acquire_ended acquired
 	// hold_ended
