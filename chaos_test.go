@@ -530,7 +530,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosResult {
 	if err != nil {
 		t.Fatalf("the counter's history: %v", err)
 	}
-	if res.lostEtcd, err = lostAcked(puts, r.ackedRevs); err != nil {
+	if res.lostEtcd, err = lostAcked(puts, r.ackedRevs, writeTokens(r.rec.history())); err != nil {
 		t.Fatal(err)
 	}
 	res.lostStore = lostUpdates(r.store.history, r.ackedStore)

@@ -303,9 +303,12 @@ func (r *processRun) run(observer *clientv3.Client, rotation []string, inject fu
 		}
 	}
 	slices.Sort(ackedRevs)
-	lost, err := lostAcked(puts, ackedRevs)
+	lost, err := lostAcked(puts, ackedRevs, writeTokens(ops))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, d := range lostDetails(puts, ackedRevs, writeTokens(ops)) {
+		t.Logf("acknowledged write lost: %s", d)
 	}
 	checked, applied, dropped := resolve(ops, puts)
 	overlaps := 0
