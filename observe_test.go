@@ -310,18 +310,7 @@ func TestObserverLossBeforeEnd(t *testing.T) {
 		log := &eventLog{}
 		s := newSession(t, client, etcdlock.WithObserver(log))
 		name := fmt.Sprintf("%s-%d", lockName(t), i)
-		m := etcdlock.NewMutex(s, name)
-		if err := m.LockContext(ctx); err != nil {
-			t.Fatal(err)
-		}
-		done := m.Done()
-		if _, err := client.Delete(ctx, m.Key()); err != nil {
-			t.Fatal(err)
-		}
-		<-done
-		if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
-			t.Errorf("unlock after the key was deleted: got %v, want ErrLockLost", err)
-		}
+		lockLoseUnlock(t, ctx, client, etcdlock.NewMutex(s, name))
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -338,6 +327,23 @@ func TestObserverLossBeforeEnd(t *testing.T) {
 		if fmt.Sprint(kinds) != fmt.Sprint(want) {
 			t.Errorf("try %d: the hold's last events: got %v, want %v", i+1, kinds, want)
 		}
+	}
+}
+
+// lockLoseUnlock locks m, deletes its key by hand, waits for its Done, and
+// unlocks it at once, which must say ErrLockLost.
+func lockLoseUnlock(t *testing.T, ctx context.Context, client *clientv3.Client, m *etcdlock.Mutex) {
+	t.Helper()
+	if err := m.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := m.Done()
+	if _, err := client.Delete(ctx, m.Key()); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
+		t.Fatalf("unlock of the lost hold: got %v, want ErrLockLost", err)
 	}
 }
 
@@ -443,17 +449,7 @@ func TestWithLogger(t *testing.T) {
 	s := newSession(t, client, etcdlock.WithLogger(slog.New(&h)), etcdlock.WithIdentity("host-a secret-looking"))
 	name := lockName(t)
 	m := etcdlock.NewMutex(s, name)
-	if err := m.LockContext(ctx); err != nil {
-		t.Fatal(err)
-	}
-	done := m.Done()
-	if _, err := client.Delete(ctx, m.Key()); err != nil {
-		t.Fatal(err)
-	}
-	<-done
-	if err := m.UnlockContext(ctx); !errors.Is(err, etcdlock.ErrLockLost) {
-		t.Fatalf("unlock of the lost hold: got %v, want ErrLockLost", err)
-	}
+	lockLoseUnlock(t, ctx, client, m)
 	var lost []string
 	eventually(t, "the loss logged", func() bool { lost = h.find("hold lost"); return len(lost) == 1 })
 	want := fmt.Sprintf("WARN etcdlock: hold lost lock=%s primitive=mutex key=%s/%x token=", name, name, s.Lease())
